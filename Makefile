@@ -1,0 +1,43 @@
+# Two commands: `make up` starts the three services on localhost, `make test` runs the suite.
+# Both create .venv and install ardit into it first.
+
+PYTHON ?= python3
+VENV ?= .venv
+# The PyTorch requirement installed before everything else. CI pins the CPU build
+# (make test TORCH_SPEC=torch==2.13.0); GPU users keep the default or pin their CUDA build.
+TORCH_SPEC ?= torch>=2.4
+MODEL_DIR ?= models/tiny
+PYTEST_ARGS ?=
+
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: up test install model protos clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+$(MODEL_DIR)/model_index.json: | $(STAMP)
+	$(BIN)/python -m tools.make_tiny $(MODEL_DIR)
+
+model: $(MODEL_DIR)/model_index.json
+
+up: install model
+	$(BIN)/python -m tools.run_all --model-dir $(MODEL_DIR)
+
+test: install model
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+protos: install
+	$(BIN)/python -m protos.generate
+
+clean:
+	rm -rf $(VENV) $(MODEL_DIR)

@@ -1,0 +1,1 @@
+"""Torch side of the AR stage: configuration, modeling, tokenizer, loading and the tiny test model."""

@@ -1,0 +1,145 @@
+"""The AR side of the Render stream: a gRPC client that the engine feeds row by row.
+
+The engine sees only ``RenderSession`` (send_condition / finish / cancel) and receives
+ar_service.events objects through a callback; the proto and grpc details stay here.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from ar_service import events
+from protos import channels, common_pb2, dit_pb2, dit_pb2_grpc
+from protos.codec import encode_tensor, iter_row_chunks
+from protos.status import RequestRejected, param_of
+from protos.values import knobs_to_proto
+
+log = logging.getLogger(__name__)
+
+FORMAT_ENUMS = {"png": common_pb2.OUTPUT_FORMAT_PNG, "jpeg": common_pb2.OUTPUT_FORMAT_JPEG, "webp": common_pb2.OUTPUT_FORMAT_WEBP}
+FORMAT_NAMES = {value: key for key, value in FORMAT_ENUMS.items()}
+KINDS = {"text": dit_pb2.CONDITION_KIND_TEXT, "image": dit_pb2.CONDITION_KIND_IMAGE, "negative": dit_pb2.CONDITION_KIND_NEGATIVE}
+_CLOSE = object()
+
+
+@dataclass(frozen=True)
+class RenderHeader:
+    request_id: str
+    index: int
+    width: int
+    height: int
+    seed: int
+    output_format: str
+    output_compression: int | None
+    knobs: dict[str, Any]
+    hidden_size: int
+    dtype: str
+    text_positions: int
+    image_positions: int
+    negative_positions: int
+
+    def to_proto(self) -> dit_pb2.RenderHeader:
+        header = dit_pb2.RenderHeader(
+            request_id=self.request_id,
+            width=self.width,
+            height=self.height,
+            n=1,
+            seed=self.seed,
+            output_format=FORMAT_ENUMS[self.output_format],
+            knobs=knobs_to_proto(self.knobs),
+            hidden_size=self.hidden_size,
+            dtype=self.dtype,
+            text_positions=self.text_positions,
+            image_positions=self.image_positions,
+            negative_positions=self.negative_positions,
+            index_offset=self.index,
+        )
+        if self.output_compression is not None:
+            header.output_compression = self.output_compression
+        return header
+
+
+class RenderSession:
+    """One open Render stream: the engine pushes condition pieces, events come back on a thread."""
+
+    def __init__(self, stub: dit_pb2_grpc.RendererStub, header: RenderHeader, on_event: Callable[[object], None], timeout: float | None):
+        self.index = header.index
+        self._outbox: "queue.Queue[Any]" = queue.Queue()
+        self._outbox.put(dit_pb2.RenderInput(header=header.to_proto()))
+        self._on_event = on_event
+        self._call = stub.Render(iter(self._outbox.get, _CLOSE), timeout=timeout)
+        self._reader = threading.Thread(target=self._read, name=f"render-{header.request_id}-{header.index}", daemon=True)
+        self._reader.start()
+
+    def send_condition(self, kind: str, offset: int, hidden) -> None:
+        """Queues [positions, hidden] states of ``kind`` starting at ``offset``, in chunks under 4 MiB."""
+        for start, piece in iter_row_chunks(hidden):
+            chunk = dit_pb2.ConditionChunk(kind=KINDS[kind], offset=offset + start, hidden_states=encode_tensor(piece))
+            self._outbox.put(dit_pb2.RenderInput(chunk=chunk))
+
+    def finish(self) -> None:
+        self._outbox.put(dit_pb2.RenderInput(end=dit_pb2.RenderEnd()))
+        self._outbox.put(_CLOSE)
+
+    def cancel(self) -> None:
+        self._call.cancel()
+        self._outbox.put(_CLOSE)
+
+    def _read(self) -> None:
+        try:
+            for event in self._call:
+                converted = self._convert(event)
+                if converted is not None:
+                    self._on_event(converted)
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if code == grpc.StatusCode.CANCELLED:
+                return  # cancelled by us; the engine already knows
+            if code == grpc.StatusCode.UNAVAILABLE:
+                message = f"dit_service is unavailable: {exc.details()}"
+            else:
+                message = f"dit_service: {exc.details()}"
+            self._on_event(events.RenderFailed(self.index, RequestRejected(message, param_of(exc), code)))
+
+    def _convert(self, event: dit_pb2.RenderEvent) -> object | None:
+        kind = event.WhichOneof("event")
+        if kind == "progress":
+            p = event.progress
+            if p.stage == "condition_received":
+                return events.ConditionReceived(self.index)
+            return events.Progress(p.index, p.stage, p.step, p.total)
+        if kind == "image":
+            image = event.image
+            return events.FinishedImage(
+                image.index, image.seed, FORMAT_NAMES.get(image.format, "png"), image.data, image.width, image.height
+            )
+        if kind == "completed":
+            timings = {f.name: getattr(event.completed.timings, f.name) for f in common_pb2.StageTimings.DESCRIPTOR.fields}
+            return events.RenderDone(self.index, timings)
+        return None
+
+
+class GrpcRenderer:
+    """Opens Render streams to dit_service over one shared channel."""
+
+    def __init__(self, address: str, timeout: float | None = None):
+        self.address = address
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(address, options=channels.channel_options())
+        self._stub = dit_pb2_grpc.RendererStub(self._channel)
+
+    def open(self, header: RenderHeader, on_event: Callable[[object], None], timeout: float | None = None) -> RenderSession:
+        return RenderSession(self._stub, header, on_event, timeout if timeout is not None else self.timeout)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+

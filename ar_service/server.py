@@ -1,0 +1,198 @@
+"""ar_service's gRPC transport: the ImageGenerator service, health and reflection.
+
+Translates requests into engine plans and engine events into ImageEvents; no model math.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from ar_service import events
+from ar_service.engine import AREngine, ImagePlan, Job
+from protos import ar_pb2, ar_pb2_grpc, channels, common_pb2
+from protos.status import RequestRejected, abort, abort_rejected
+from protos.values import knobs_from_proto, knobs_to_proto, to_value
+
+log = logging.getLogger(__name__)
+
+FORMAT_NAMES = {
+    common_pb2.OUTPUT_FORMAT_UNSPECIFIED: "png",
+    common_pb2.OUTPUT_FORMAT_PNG: "png",
+    common_pb2.OUTPUT_FORMAT_JPEG: "jpeg",
+    common_pb2.OUTPUT_FORMAT_WEBP: "webp",
+}
+FORMAT_ENUMS = {"png": common_pb2.OUTPUT_FORMAT_PNG, "jpeg": common_pb2.OUTPUT_FORMAT_JPEG, "webp": common_pb2.OUTPUT_FORMAT_WEBP}
+IMAGE_GENERATOR_SERVICE = ar_pb2.DESCRIPTOR.services_by_name["ImageGenerator"].full_name
+POLL_SECONDS = 0.1
+
+
+def _image_message(image: events.FinishedImage) -> common_pb2.GeneratedImage:
+    return common_pb2.GeneratedImage(
+        index=image.index,
+        seed=image.seed,
+        format=FORMAT_ENUMS[image.format],
+        data=image.data,
+        width=image.width,
+        height=image.height,
+    )
+
+
+def _summary(plan: ImagePlan, done: events.JobDone) -> ar_pb2.GenerateImageResponse:
+    timings = common_pb2.StageTimings(
+        **{f.name: done.timings.get(f.name, 0) for f in common_pb2.StageTimings.DESCRIPTOR.fields}
+    )
+    return ar_pb2.GenerateImageResponse(
+        request_id=plan.request_id,
+        model=plan.model,
+        seed=done.seed,
+        width=plan.width,
+        height=plan.height,
+        timings=timings,
+        knobs=knobs_to_proto(done.knobs),
+    )
+
+
+class ImageGeneratorServicer(ar_pb2_grpc.ImageGeneratorServicer):
+    def __init__(self, engine: AREngine | None = None):
+        self.engine = engine  # None while the model loads
+
+    # -- RPCs -------------------------------------------------------------------------------
+
+    def GenerateImage(self, request: ar_pb2.GenerateImageRequest, context: grpc.ServicerContext):
+        job = self._start(request, context, mode="image")
+        response = None
+        images = []
+        for event in self._events(job, context):
+            if isinstance(event, events.FinishedImage):
+                images.append(_image_message(event))
+            elif isinstance(event, events.JobDone):
+                response = _summary(job.plan, event)
+        if response is None:
+            abort(context, grpc.StatusCode.CANCELLED, "request cancelled")
+        images.sort(key=lambda image: image.index)
+        response.images.extend(images)
+        return response
+
+    def StreamImage(self, request: ar_pb2.GenerateImageRequest, context: grpc.ServicerContext):
+        job = self._start(request, context, mode="image")
+        for event in self._events(job, context):
+            if isinstance(event, events.Progress):
+                progress = common_pb2.Progress(index=event.index, stage=event.stage, step=event.step, total=event.total)
+                yield ar_pb2.ImageEvent(progress=progress)
+            elif isinstance(event, events.FinishedImage):
+                yield ar_pb2.ImageEvent(image=_image_message(event))
+            elif isinstance(event, events.JobDone):
+                yield ar_pb2.ImageEvent(completed=_summary(job.plan, event))
+
+    def GenerateVisualTokens(self, request: ar_pb2.GenerateImageRequest, context: grpc.ServicerContext):
+        job = self._start(request, context, mode="tokens")
+        for event in self._events(job, context):
+            if isinstance(event, events.TokenRow):
+                yield ar_pb2.VisualTokenRow(
+                    index=event.index,
+                    seed=event.seed,
+                    grid_width=event.grid_width,
+                    grid_height=event.grid_height,
+                    row=event.row,
+                    token_ids=event.token_ids,
+                )
+
+    def ListModels(self, request: ar_pb2.ListModelsRequest, context: grpc.ServicerContext):
+        engine = self._engine(context)
+        card = engine.model_card()
+        knobs = []
+        for entry in card.pop("knobs"):
+            knob, default = entry["knob"], entry["default"]
+            spec = ar_pb2.KnobSpec(name=knob.name, type=knob.kind, choices=knob.choices, description=knob.description)
+            if default is not None:
+                spec.default.CopyFrom(to_value(default))
+            if knob.minimum is not None:
+                spec.minimum = knob.minimum
+            if knob.maximum is not None:
+                spec.maximum = knob.maximum
+            knobs.append(spec)
+        return ar_pb2.ListModelsResponse(models=[ar_pb2.ModelCard(knobs=knobs, **card)])
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _engine(self, context: grpc.ServicerContext) -> AREngine:
+        if self.engine is None:
+            abort(context, grpc.StatusCode.UNAVAILABLE, "ar_service is still loading its model")
+        return self.engine
+
+    def _start(self, request: ar_pb2.GenerateImageRequest, context: grpc.ServicerContext, mode: str) -> Job:
+        engine = self._engine(context)
+        try:
+            plan = engine.plan(
+                request_id=request.request_id,
+                model=request.model,
+                prompt=request.prompt,
+                negative_prompt=request.negative_prompt,
+                width=request.width,
+                height=request.height,
+                n=request.n or 1,
+                seed=request.seed if request.HasField("seed") else None,
+                output_format=FORMAT_NAMES.get(request.output_format, "unknown"),
+                output_compression=request.output_compression if request.HasField("output_compression") else None,
+                quality=request.quality,
+                knobs=knobs_from_proto(request.knobs),
+            )
+        except RequestRejected as exc:
+            abort_rejected(context, exc)
+        job = engine.submit(plan, mode=mode, timeout=context.time_remaining())
+        context.add_callback(job.cancel)
+        log.info("request %s: %d image(s) %dx%d seed %d", plan.request_id, plan.n, plan.width, plan.height, plan.seed)
+        return job
+
+    def _events(self, job: Job, context: grpc.ServicerContext) -> Iterator[object]:
+        """The job's events until it is done; a failure ends the RPC with its status."""
+        while True:
+            try:
+                event = job.events.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                if not context.is_active():
+                    job.cancel()
+                    return
+                continue
+            if isinstance(event, events.JobFailed):
+                abort_rejected(context, event.error)
+            yield event
+            if isinstance(event, events.JobDone):
+                return
+
+
+@dataclass
+class ARServer:
+    server: grpc.Server
+    port: int
+    servicer: ImageGeneratorServicer
+    health: health.HealthServicer
+
+    def set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", IMAGE_GENERATOR_SERVICE):
+            self.health.set(name, status)
+
+
+def build_server(host: str, port: int, max_workers: int, engine: AREngine | None = None) -> ARServer:
+    """A bound, not yet started server reporting NOT_SERVING until ``set_serving(True)``."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=channels.server_options())
+    servicer = ImageGeneratorServicer(engine)
+    ar_pb2_grpc.add_ImageGeneratorServicer_to_server(servicer, server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((IMAGE_GENERATOR_SERVICE, reflection.SERVICE_NAME, health.SERVICE_NAME), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise SystemExit(f"ar_service could not listen on {host}:{port}")
+    running = ARServer(server, bound, servicer, health_servicer)
+    running.set_serving(False)
+    return running

@@ -1,0 +1,190 @@
+"""dit_service's gRPC transport: the Renderer service, health and reflection.
+
+Turns RenderInput messages into engine calls and engine events into RenderEvents. The
+stream protocol is header, condition chunks, end marker; anything else is INVALID_ARGUMENT.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from dit_service.engine import ConditionAssembler, DiTEngine, FinishedImage, Progress, RenderDone, RenderFailed, RenderPlan
+from dit_service.model.sampler import DenoiseCancelled
+from protos import channels, common_pb2, dit_pb2, dit_pb2_grpc
+from protos.codec import CodecError, decode_tensor
+from protos.status import RequestRejected, abort, abort_rejected
+from protos.values import knobs_from_proto, knobs_to_proto
+
+log = logging.getLogger(__name__)
+
+FORMAT_NAMES = {
+    common_pb2.OUTPUT_FORMAT_UNSPECIFIED: "png",
+    common_pb2.OUTPUT_FORMAT_PNG: "png",
+    common_pb2.OUTPUT_FORMAT_JPEG: "jpeg",
+    common_pb2.OUTPUT_FORMAT_WEBP: "webp",
+}
+FORMAT_ENUMS = {"png": common_pb2.OUTPUT_FORMAT_PNG, "jpeg": common_pb2.OUTPUT_FORMAT_JPEG, "webp": common_pb2.OUTPUT_FORMAT_WEBP}
+KIND_NAMES = {
+    dit_pb2.CONDITION_KIND_TEXT: "text",
+    dit_pb2.CONDITION_KIND_IMAGE: "image",
+    dit_pb2.CONDITION_KIND_NEGATIVE: "negative",
+}
+TIMING_FIELDS = {f.name for f in common_pb2.StageTimings.DESCRIPTOR.fields}
+
+
+def _plan_from_header(engine: DiTEngine, header: dit_pb2.RenderHeader) -> RenderPlan:
+    return engine.plan(
+        request_id=header.request_id,
+        width=header.width,
+        height=header.height,
+        n=header.n or 1,
+        seed=header.seed if header.HasField("seed") else None,
+        output_format=FORMAT_NAMES.get(header.output_format, "unknown"),
+        output_compression=header.output_compression if header.HasField("output_compression") else None,
+        knobs=knobs_from_proto(header.knobs),
+        hidden_size=header.hidden_size,
+        dtype=header.dtype,
+        text_positions=header.text_positions,
+        image_positions=header.image_positions,
+        negative_positions=header.negative_positions,
+        index_offset=header.index_offset,
+    )
+
+
+def to_render_event(event: object, plan: RenderPlan) -> dit_pb2.RenderEvent:
+    if isinstance(event, Progress):
+        return dit_pb2.RenderEvent(
+            progress=common_pb2.Progress(index=event.index, stage=event.stage, step=event.step, total=event.total)
+        )
+    if isinstance(event, FinishedImage):
+        return dit_pb2.RenderEvent(
+            image=common_pb2.GeneratedImage(
+                index=event.index,
+                seed=event.seed,
+                format=FORMAT_ENUMS[event.format],
+                data=event.data,
+                width=event.width,
+                height=event.height,
+            )
+        )
+    assert isinstance(event, RenderDone)
+    timings = common_pb2.StageTimings(**{k: v for k, v in event.timings.items() if k in TIMING_FIELDS})
+    return dit_pb2.RenderEvent(
+        completed=dit_pb2.RenderSummary(
+            request_id=plan.request_id, seed=event.seed, timings=timings, knobs=knobs_to_proto(event.knobs)
+        )
+    )
+
+
+class RendererServicer(dit_pb2_grpc.RendererServicer):
+    def __init__(self, engine: DiTEngine | None = None):
+        self.engine = engine  # None while the model loads
+
+    def Render(self, request_iterator: Iterator[dit_pb2.RenderInput], context: grpc.ServicerContext):
+        if self.engine is None:
+            abort(context, grpc.StatusCode.UNAVAILABLE, "dit_service is still loading its model")
+        first = next(request_iterator, None)
+        if first is None or first.WhichOneof("input") != "header":
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT, "a Render stream must start with a header", param="header")
+        try:
+            plan = _plan_from_header(self.engine, first.header)
+            job = self._receive_condition(plan, request_iterator, context)
+        except RequestRejected as exc:
+            abort_rejected(context, exc)
+        except CodecError as exc:
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc), param="chunk.hidden_states")
+        # The condition is complete: tell the caller (it measures the transfer), then render.
+        yield dit_pb2.RenderEvent(progress=common_pb2.Progress(stage="condition_received", total=plan.n))
+        violation = self._watch_for_trailing_messages(request_iterator, job)
+        context.add_callback(job.cancel)
+        while True:
+            try:
+                event = job.events.get(timeout=0.1)
+            except queue.Empty:
+                event = None
+            if violation.is_set():
+                abort(context, grpc.StatusCode.INVALID_ARGUMENT, "messages arrived after the end marker", param="end")
+            if isinstance(event, RenderFailed):
+                if isinstance(event.error, DenoiseCancelled):
+                    abort(context, grpc.StatusCode.CANCELLED, "render cancelled")
+                abort(context, grpc.StatusCode.INTERNAL, f"render failed: {type(event.error).__name__}")
+            if event is None:
+                continue
+            yield to_render_event(event, plan)
+            if isinstance(event, RenderDone):
+                return
+
+    def _receive_condition(self, plan: RenderPlan, request_iterator, context):
+        """Reads chunks until the end marker; returns the queued job."""
+        assembler = ConditionAssembler(plan)
+        for message in request_iterator:
+            kind = message.WhichOneof("input")
+            if kind == "chunk":
+                chunk = message.chunk
+                assembler.add(KIND_NAMES.get(chunk.kind, "unspecified"), chunk.offset, decode_tensor(chunk.hidden_states))
+            elif kind == "end":
+                condition, uncond = assembler.complete()
+                return self.engine.submit(plan, condition, uncond)
+            else:
+                raise RequestRejected(f"unexpected {kind or 'empty'} message inside a Render stream", param=kind or "input")
+        if not context.is_active():
+            abort(context, grpc.StatusCode.CANCELLED, "caller went away before the end marker")
+        raise RequestRejected("the Render stream closed without an end marker", param="end")
+
+    @staticmethod
+    def _watch_for_trailing_messages(request_iterator, job) -> threading.Event:
+        """Anything the caller sends after the end marker is a protocol error: cancel the render."""
+        violation = threading.Event()
+
+        def watch() -> None:
+            try:
+                for _ in request_iterator:
+                    violation.set()
+                    job.cancel()
+                    return
+            except Exception:  # the stream ended with the RPC; nothing to report
+                pass
+
+        threading.Thread(target=watch, name="render-trailing-watch", daemon=True).start()
+        return violation
+
+
+@dataclass
+class DiTServer:
+    server: grpc.Server
+    port: int
+    servicer: RendererServicer
+    health: health.HealthServicer
+
+    def set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", RENDERER_SERVICE):
+            self.health.set(name, status)
+
+
+RENDERER_SERVICE = dit_pb2.DESCRIPTOR.services_by_name["Renderer"].full_name
+
+
+def build_server(host: str, port: int, max_workers: int, engine: DiTEngine | None = None) -> DiTServer:
+    """A bound, not yet started server reporting NOT_SERVING until ``set_serving(True)``."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=channels.server_options())
+    servicer = RendererServicer(engine)
+    dit_pb2_grpc.add_RendererServicer_to_server(servicer, server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((RENDERER_SERVICE, reflection.SERVICE_NAME, health.SERVICE_NAME), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise SystemExit(f"dit_service could not listen on {host}:{port}")
+    running = DiTServer(server, bound, servicer, health_servicer)
+    running.set_serving(False)
+    return running

@@ -1,0 +1,156 @@
+"""Per-model knobs: what each model family accepts beyond OpenAI's standard fields.
+
+Which knobs a model takes, their types and ranges are part of the public contract:
+ar_service validates every request against them (and publishes them via ListModels),
+dit_service validates the denoising ones again for callers that reach Render directly.
+Defaults that belong to a checkpoint (AR sampling) are ``None`` here and filled in by the
+service from the model's own config.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from protos.status import RequestRejected
+
+KnobKind = Literal["float", "int", "string", "float_pair"]
+Stage = Literal["request", "ar", "dit"]
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    kind: KnobKind
+    stage: Stage
+    description: str
+    default: Any = None
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: bool = False
+    choices: tuple[str, ...] = ()
+
+    def range_text(self) -> str:
+        if self.choices:
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        low = "" if self.minimum is None else (f"> {self.minimum:g}" if self.exclusive_minimum else f">= {self.minimum:g}")
+        high = "" if self.maximum is None else f"<= {self.maximum:g}"
+        return " and ".join(part for part in (low, high) if part) or "any value"
+
+    def check(self, value: Any) -> Any:
+        """Returns the value in canonical form, or raises RequestRejected naming this knob."""
+        if self.kind == "float_pair":
+            if not (isinstance(value, (list, tuple)) and len(value) == 2):
+                self._reject(value, "must be a list of two numbers [start, end]")
+            pair = [self._number(v, integral=False) for v in value]
+            if pair[0] > pair[1]:
+                self._reject(value, "must be ordered: start <= end")
+            return pair
+        if self.kind == "string":
+            if not isinstance(value, str) or (self.choices and value not in self.choices):
+                self._reject(value, f"must be {self.range_text()}")
+            return value
+        return self._number(value, integral=self.kind == "int")
+
+    def _number(self, value: Any, integral: bool) -> int | float:
+        kind = "an integer" if integral else "a number"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self._reject(value, f"must be {kind} ({self.range_text()})")
+        if isinstance(value, float) and not math.isfinite(value):
+            self._reject(value, f"must be a finite number ({self.range_text()})")
+        if integral:
+            if isinstance(value, float) and not value.is_integer():
+                self._reject(value, f"must be an integer ({self.range_text()})")
+            value = int(value)
+        else:
+            value = float(value)
+        too_low = self.minimum is not None and (value <= self.minimum if self.exclusive_minimum else value < self.minimum)
+        too_high = self.maximum is not None and value > self.maximum
+        if too_low or too_high:
+            self._reject(value, f"must be {self.range_text()}")
+        return value
+
+    def _reject(self, value: Any, why: str) -> None:
+        raise RequestRejected(f"'{self.name}' {why}; got {value!r}", param=self.name)
+
+
+@dataclass(frozen=True)
+class KnobTable:
+    """The knobs of one model family, and its quality -> steps presets."""
+
+    knobs: tuple[Knob, ...]
+    quality_steps: Mapping[str, int] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> Knob:
+        return self.by_name[name]
+
+    @property
+    def by_name(self) -> dict[str, Knob]:
+        return {knob.name: knob for knob in self.knobs}
+
+    def names(self, stages: Iterable[Stage] | None = None) -> list[str]:
+        wanted = set(stages) if stages is not None else None
+        return [k.name for k in self.knobs if wanted is None or k.stage in wanted]
+
+    def validate(self, given: Mapping[str, Any], stages: Iterable[Stage] | None = None) -> dict[str, Any]:
+        """Checks every given knob (unknown names included) and returns them canonical."""
+        accepted = self.names(stages)
+        checked = {}
+        for name, value in given.items():
+            if name not in accepted:
+                raise RequestRejected(
+                    f"unknown parameter '{name}'; accepted parameters: {', '.join(sorted(accepted))}", param=name
+                )
+            checked[name] = self.by_name[name].check(value)
+        return checked
+
+    def resolve(self, given: Mapping[str, Any], defaults: Mapping[str, Any], stages: Iterable[Stage]) -> dict[str, Any]:
+        """Validated knobs of the given stages with every default filled in (``defaults`` overrides the table's)."""
+        checked = self.validate(given, stages)
+        resolved = {}
+        for name in self.names(stages):
+            if name in checked:
+                resolved[name] = checked[name]
+            elif name in defaults:
+                resolved[name] = defaults[name]
+            elif self.by_name[name].default is not None:
+                resolved[name] = self.by_name[name].default
+        return resolved
+
+    def steps_for_quality(self, quality: str) -> int | None:
+        """The step preset for an OpenAI ``quality``; None for "" / "auto" (the model default)."""
+        if quality in ("", "auto"):
+            return None
+        if quality not in self.quality_steps:
+            raise RequestRejected(
+                f"'quality' must be one of auto, {', '.join(self.quality_steps)}; got {quality!r}", param="quality"
+            )
+        return self.quality_steps[quality]
+
+
+# MammothModa2. Sources: vllm-omni's MammothModa2 diffusion stage (text_guidance_scale 9.0,
+# cfg_range (0, 1), 50 steps) and the checkpoint's t2i_generation_config.json (AR sampling).
+MAMMOTHMODA2_KNOBS = KnobTable(
+    knobs=(
+        Knob("seed", "int", "request", "Seed of image 0; image i uses seed + i. Drawn when absent.",
+             minimum=0, maximum=2**63 - 1),
+        Knob("num_inference_steps", "int", "dit", "Denoising steps (overrides the quality preset).",
+             default=50, minimum=1, maximum=200),
+        Knob("text_guidance_scale", "float", "dit", "Classifier-free guidance scale; <= 1 disables guidance.",
+             default=9.0, minimum=0.0, maximum=30.0),
+        Knob("cfg_range", "float_pair", "dit", "Guidance applies to steps i with start <= i/N <= end.",
+             default=[0.0, 1.0], minimum=0.0, maximum=1.0),
+        Knob("temperature", "float", "ar", "AR sampling temperature; 0 = greedy. Default: the checkpoint's.",
+             minimum=0.0, maximum=2.0),
+        Knob("top_k", "int", "ar", "AR top-k over the visual tokens. Default: the checkpoint's.",
+             minimum=1, maximum=1_000_000),
+        Knob("top_p", "float", "ar", "AR nucleus sampling mass. Default: the checkpoint's.",
+             minimum=0.0, maximum=1.0, exclusive_minimum=True),
+    ),
+    # OpenAI's quality values -> num_inference_steps ("auto" keeps the default above).
+    quality_steps={"low": 16, "medium": 28, "standard": 28, "high": 50, "hd": 50},
+)
+
+FAMILIES = {"mammothmoda2": MAMMOTHMODA2_KNOBS}

@@ -1,0 +1,69 @@
+"""Errors across the wire: gRPC status codes, the parameter they blame, and HTTP equivalents.
+
+A service that rejects a request names the offending parameter in the trailing metadata
+key ``ardit-error-param`` so that the gateway can fill OpenAI's ``error.param``.
+The HTTP mapping follows grpc-gateway's HTTPStatusFromCode.
+"""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+import grpc
+
+PARAM_METADATA_KEY = "ardit-error-param"
+
+HTTP_STATUS = {
+    grpc.StatusCode.OK: 200,
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNKNOWN: 500,
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.INTERNAL: 500,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DATA_LOSS: 500,
+}
+
+
+class RequestRejected(Exception):
+    """Raised by engine code for a request it cannot serve; transports turn it into a status."""
+
+    def __init__(self, message: str, param: str | None = None, code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+def abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str, param: str | None = None) -> NoReturn:
+    """Ends an RPC with ``code``, naming the parameter at fault when there is one."""
+    if param:
+        context.set_trailing_metadata(((PARAM_METADATA_KEY, param),))
+    context.abort(code, message)
+    raise AssertionError("unreachable")  # context.abort raises
+
+
+def abort_rejected(context: grpc.ServicerContext, error: RequestRejected) -> NoReturn:
+    abort(context, error.code, error.message, error.param)
+
+
+def param_of(error: grpc.RpcError) -> str | None:
+    """The parameter a downstream service blamed, if it named one."""
+    trailers = getattr(error, "trailing_metadata", lambda: None)() or ()
+    for key, value in trailers:
+        if key == PARAM_METADATA_KEY:
+            return value
+    return None
+
+
+def http_status(code: grpc.StatusCode) -> int:
+    return HTTP_STATUS.get(code, 500)

@@ -1,0 +1,1 @@
+"""What every ardit process shares that is not part of the wire contract: settings loading, logging."""

@@ -1,0 +1,101 @@
+"""Starts the three real services as subprocesses on loopback, on the tiny model, once per session."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from servicekit.healthcheck import check
+from tools.make_tiny import make_tiny
+
+ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 180
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Stack:
+    model_dir: Path
+    gateway_url: str
+    ar_address: str
+    dit_address: str
+    logs: Path
+
+
+def _start(name: str, args: list[str], logs: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {key: value for key, value in env.items() if not key.startswith("ARDIT_")}
+    log = open(logs / f"{name}.log", "w")
+    return subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _wait(what: str, ready, processes: dict[str, subprocess.Popen], logs: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        for name, process in processes.items():
+            if process.poll() is not None:
+                raise RuntimeError(f"{name} exited early:\n{(logs / f'{name}.log').read_text()[-4000:]}")
+        if ready():
+            return
+        time.sleep(0.25)
+    raise RuntimeError(f"{what} not ready after {START_TIMEOUT_S} s")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("models") / "tiny"
+    make_tiny(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def stack(tiny_model: Path, tmp_path_factory) -> Stack:
+    logs = tmp_path_factory.mktemp("logs")
+    ar_port, dit_port, gateway_port = free_port(), free_port(), free_port()
+    ar, dit = f"127.0.0.1:{ar_port}", f"127.0.0.1:{dit_port}"
+    processes = {
+        "dit_service": _start("dit_service", ["dit_service", "--port", str(dit_port), "--model-dir", str(tiny_model)], logs),
+        "ar_service": _start(
+            "ar_service",
+            ["ar_service", "--port", str(ar_port), "--model-dir", str(tiny_model), "--dit-address", dit],
+            logs,
+        ),
+        "gateway": _start(
+            "gateway", ["gateway", "--port", str(gateway_port), "--ar-address", ar, "--dit-address", dit], logs
+        ),
+    }
+    url = f"http://127.0.0.1:{gateway_port}"
+
+    def gateway_ready() -> bool:
+        try:
+            return httpx.get(f"{url}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        _wait("the services", lambda: check(dit) == "SERVING" and check(ar) == "SERVING" and gateway_ready(), processes, logs)
+        yield Stack(tiny_model, url, ar, dit, logs)
+    finally:
+        for process in processes.values():
+            process.terminate()
+        for name, process in processes.items():
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                raise RuntimeError(f"{name} did not stop within 15 s of SIGTERM")
+        for name, process in processes.items():
+            assert process.returncode in (0, -15), f"{name} exited with {process.returncode}"

@@ -1,0 +1,65 @@
+"""compose.yaml and the Dockerfile: valid by the Compose spec, and wired the way the README says."""
+
+import subprocess
+from pathlib import Path
+
+import compose
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE_BINARY = Path(compose.__file__).parent / "docker-compose"
+
+
+def compose_config(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(COMPOSE_BINARY), "-f", str(path), "config", "-q"], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_compose_file_is_valid_by_the_compose_spec():
+    result = compose_config(ROOT / "compose.yaml")
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_validator_does_reject_an_invalid_file(tmp_path):
+    broken = tmp_path / "compose.yaml"
+    broken.write_text("services:\n  gateway:\n    image: x\n    ports: 8000\n    healthcheck: {interval: soon}\n")
+    assert compose_config(broken).returncode != 0
+
+
+def test_three_services_from_one_image_with_grpc_health_checks():
+    spec = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    services = spec["services"]
+    for name, port in (("ar", "50051"), ("dit", "50052")):
+        service = services[name]
+        assert service["build"] == "." and service["image"] == "ardit:latest"
+        assert "servicekit.healthcheck" in service["healthcheck"]["test"]
+        assert f"127.0.0.1:{port}" in service["healthcheck"]["test"]
+        assert "models:/models" in service["volumes"]
+    assert services["gateway"]["image"] == "ardit:latest"
+    assert services["gateway"]["ports"] == ["8000:8000"]
+    assert services["ar"]["depends_on"]["dit"]["condition"] == "service_healthy"
+    assert services["gateway"]["depends_on"]["ar"]["condition"] == "service_healthy"
+    assert "dit:50052" in services["ar"]["command"]
+    assert "models" in spec["volumes"]
+
+
+def test_dockerfile_copies_every_package_and_runs_as_non_root():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    packages = ["protos", "servicekit", "ar_service", "dit_service", "gateway", "tools"]
+    for package in packages:
+        assert f'"{package}*"' in pyproject
+        assert f"COPY {package} ./{package}" in dockerfile
+    user_lines = [line for line in dockerfile.splitlines() if line.startswith("USER ")]
+    assert user_lines and user_lines[-1] != "USER root"
+
+
+@pytest.mark.parametrize("module", ["ar_service", "dit_service", "gateway"])
+def test_each_service_explains_itself_with_help(module):
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert "--port" in result.stdout and "--config" in result.stdout

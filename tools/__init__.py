@@ -1,0 +1,1 @@
+"""Command-line tools: writing the tiny model, starting every service at once."""
