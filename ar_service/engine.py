@@ -90,7 +90,7 @@ class Job:
     def add_timings(self, **values: float) -> None:
         with self._lock:
             for key, value in values.items():
-                self.timings[key] = self.timings.get(key, 0.0) + value
+                self.timings[key] = self.timings.get(key, 0) + value
 
     def attach(self, session: RenderSession) -> None:
         with self._lock:
@@ -114,7 +114,7 @@ class Job:
                 self.add_timings(condition_transfer_ms=(time.perf_counter() - sent) * 1e3)
         elif isinstance(event, events.RenderDone):
             wanted = ("dit_queue_ms", "denoise_ms", "vae_decode_ms", "encode_ms", "transformer_calls")
-            self.add_timings(**{key: event.timings.get(key, 0.0) for key in wanted})
+            self.add_timings(**{key: event.timings.get(key, 0) for key in wanted})
             with self._lock:
                 self._renders_done += 1
             self._maybe_complete()
@@ -249,8 +249,9 @@ class AREngine:
             seed = secrets.randbelow(2**32)
         elif not 0 <= seed < 2**63:
             raise RequestRejected("'seed' must be between 0 and 2**63 - 1", param="seed")
-        ar_knobs = self.knob_table.resolve(given, self.ar_defaults, stages=("ar",))
+        ar_given = {k: v for k, v in given.items() if k in self.knob_table.names(("ar",))}
         dit_given = {k: v for k, v in given.items() if k in self.knob_table.names(("dit",))}
+        ar_knobs = self.knob_table.resolve(ar_given, self.ar_defaults, stages=("ar",))
         preset = self.knob_table.steps_for_quality(quality)
         if preset is not None and "num_inference_steps" not in dit_given:
             dit_given["num_inference_steps"] = preset

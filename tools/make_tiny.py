@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from ar_service.model.tiny import TINY_HIDDEN_SIZE, write_tiny_ar
+from dit_service.model.pipeline import DiTPipeline
 from dit_service.model.tiny import write_tiny_dit_stack
 from servicekit.model_index import write_model_index
 
@@ -25,10 +26,13 @@ def make_tiny(target: Path) -> None:
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    staging.chmod(0o755)
     try:
         write_tiny_ar(staging / "ar")
         write_tiny_dit_stack(staging, condition_dim=TINY_HIDDEN_SIZE)
-        write_model_index(staging, "mammothmoda2", TINY_DEFAULT_SIZE, TINY_MAX_SIDE)
+        # The DiT stack decides its own size granularity (VAE downsampling x patch size).
+        size_multiple = DiTPipeline.from_directory(staging).size_multiple
+        write_model_index(staging, "mammothmoda2", TINY_DEFAULT_SIZE, TINY_MAX_SIDE, size_multiple)
         if target.exists():
             shutil.rmtree(target)
         staging.rename(target)

@@ -13,7 +13,7 @@ def post(stack, body: dict) -> httpx.Response:
 @pytest.mark.parametrize(
     "extra, param, words",
     [
-        ({"size": "250x250"}, "size", "multiple of 16"),
+        ({"size": "250x250"}, "size", "multiples of 16"),
         ({"size": "1024x1024"}, "size", "512"),
         ({"size": "16x4096"}, "size", "512"),
         ({"guidance": 3.0}, "guidance", "text_guidance_scale"),

@@ -1,0 +1,43 @@
+"""Pixels -> image file bytes (PNG, JPEG, WebP) with Pillow; deterministic for the same pixels and settings."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from PIL import Image
+
+FORMATS = ("png", "jpeg", "webp")
+# Quality when the caller gives no output_compression: 90 keeps JPEG/WebP artefacts hard to see at a fraction of
+# PNG's size (Pillow's own defaults are 75 and 80).
+DEFAULT_QUALITY = 90
+# Fixed zlib level so PNG bytes never depend on Pillow defaults changing; 6 is zlib's usual speed/size balance.
+PNG_COMPRESS_LEVEL = 6
+# Fixed WebP effort (0 fast .. 6 slow); part of what makes the bytes reproducible.
+WEBP_METHOD = 4
+
+
+def quality_for(compression: int | None) -> int:
+    """OpenAI's output_compression (0-100, higher = smaller file) -> encoder quality (1-100)."""
+    if compression is None:
+        return DEFAULT_QUALITY
+    if not 0 <= compression <= 100:
+        raise ValueError(f"compression must be between 0 and 100; got {compression}")
+    return max(1, 100 - compression)
+
+
+def encode_image(pixels: np.ndarray, fmt: str, compression: int | None = None) -> bytes:
+    """Encodes uint8 [H, W, 3] pixels; compression is ignored for PNG (lossless)."""
+    if pixels.dtype != np.uint8 or pixels.ndim != 3 or pixels.shape[2] != 3:
+        raise ValueError(f"pixels must be uint8 [H, W, 3]; got {pixels.dtype} {pixels.shape}")
+    image = Image.fromarray(np.ascontiguousarray(pixels))
+    out = io.BytesIO()
+    if fmt == "png":
+        image.save(out, format="PNG", compress_level=PNG_COMPRESS_LEVEL)
+    elif fmt == "jpeg":
+        image.save(out, format="JPEG", quality=quality_for(compression), optimize=False)
+    elif fmt == "webp":
+        image.save(out, format="WEBP", quality=quality_for(compression), method=WEBP_METHOD)
+    else:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}; got {fmt!r}")
+    return out.getvalue()

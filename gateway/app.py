@@ -1,0 +1,271 @@
+"""The gateway's routes: OpenAI's Images and Models APIs over ar_service's gRPC ImageGenerator.
+
+``create_app(settings)`` returns a FastAPI app whose lifespan opens one grpc.aio channel to
+ar_service (and one to dit_service, for /health) and closes them on shutdown; run it with
+uvicorn (``python -m gateway``) or any ASGI server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import grpc
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from pydantic import ValidationError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway import errors, translate
+from gateway.errors import APIError
+from gateway.protocol import ImageGenerationRequest
+from gateway.settings import GatewaySettings
+from protos import ar_pb2, ar_pb2_grpc, channels, common_pb2
+
+log = logging.getLogger("gateway")
+
+HEALTH_TIMEOUT_S = 2.0
+LIST_MODELS_TIMEOUT_S = 10.0
+
+
+# -- middleware: request id, body limit, one log line, last-resort 500 -----------------------
+
+
+class GatewayMiddleware:
+    """Pure ASGI middleware (no response buffering) around every HTTP request.
+
+    - refuses bodies over ``max_body_bytes`` (by Content-Length, and by counting what arrives);
+    - turns any exception nobody handled into a generic 500 in OpenAI's shape (details logged);
+    - adds ``x-request-id`` and logs one line per request: id, user, status, latency, prompt length.
+    """
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int):
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        state = scope.setdefault("state", {})
+        state.setdefault("request_id", f"req-{uuid.uuid4().hex}")
+        status = 0
+        response_started = False
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status, response_started
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                response_started = True
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", state["request_id"].encode("latin-1")))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    raise self._too_large()
+            return message
+
+        try:
+            if self._declared_length(scope) > self.max_body_bytes:
+                await self._too_large().response()(scope, receive, send_wrapper)
+            else:
+                await self.app(scope, limited_receive, send_wrapper)
+        except Exception:
+            log.exception("request %s: unexpected error", state["request_id"])
+            if not response_started:
+                response = errors.error_response(500, "internal error in the gateway; see its log", code="internal_error")
+                await response(scope, receive, send_wrapper)
+            else:
+                status = 500
+        finally:
+            self._log(scope, state, status or 499, started)
+
+    def _too_large(self) -> APIError:
+        return APIError(413, f"request body is larger than {self.max_body_bytes} bytes", code="request_too_large")
+
+    @staticmethod
+    def _declared_length(scope: Scope) -> int:
+        for key, value in scope.get("headers", ()):
+            if key == b"content-length":
+                try:
+                    return int(value)
+                except ValueError:
+                    return 0
+        return 0
+
+    @staticmethod
+    def _log(scope: Scope, state: dict[str, Any], status: int, started: float) -> None:
+        extra = ""
+        if state.get("user") is not None:
+            extra += f" user={state['user']!r}"
+        if state.get("prompt_chars") is not None:
+            extra += f" prompt_chars={state['prompt_chars']} n={state.get('n')}"
+        log.info(
+            "%s %s %s -> %d in %.1f ms%s",
+            state["request_id"], scope.get("method"), scope.get("path"), status, (time.perf_counter() - started) * 1000, extra,
+        )
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    if not raw.strip():
+        raise APIError(400, "request body is empty; send a JSON object with at least 'prompt'", code="invalid_json")
+    try:
+        body = json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise APIError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "request body must be a JSON object", code="invalid_json")
+    return body
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    """Returns when the client goes away (the body has been read: only http.disconnect remains)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _collect(call: Any) -> tuple[list[common_pb2.GeneratedImage], ar_pb2.GenerateImageResponse | None]:
+    images: list[common_pb2.GeneratedImage] = []
+    completed = None
+    async for event in call:
+        kind = event.WhichOneof("event")
+        if kind == "image":
+            images.append(event.image)
+        elif kind == "completed":
+            completed = event.completed
+    return images, completed
+
+
+async def _health_status(channel: grpc.aio.Channel) -> str:
+    try:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=""), timeout=HEALTH_TIMEOUT_S
+        )
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            return "UNREACHABLE"
+        if exc.code() == grpc.StatusCode.NOT_FOUND:
+            return "SERVICE_UNKNOWN"
+        return "UNKNOWN"  # e.g. UNIMPLEMENTED: something answers, but not grpc.health.v1
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+# -- the app -----------------------------------------------------------------------------------
+
+
+def create_app(settings: GatewaySettings | None = None) -> FastAPI:
+    settings = settings or GatewaySettings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        ar_channel = grpc.aio.insecure_channel(settings.ar_address, options=channels.channel_options())
+        dit_channel = grpc.aio.insecure_channel(settings.dit_address, options=channels.channel_options())
+        app.state.ar_channel = ar_channel
+        app.state.dit_channel = dit_channel
+        app.state.generator = ar_pb2_grpc.ImageGeneratorStub(ar_channel)
+        try:
+            yield
+        finally:
+            await ar_channel.close()
+            await dit_channel.close()
+
+    app = FastAPI(
+        title="ardit gateway",
+        description="OpenAI-compatible Images API in front of ardit's AR -> DiT services.",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    errors.install(app)
+    app.add_middleware(GatewayMiddleware, max_body_bytes=settings.max_body_bytes)
+
+    body_schema = ImageGenerationRequest.model_json_schema()
+
+    @app.post(
+        "/v1/images/generations",
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": body_schema}}}},
+    )
+    async def generate_images(request: Request) -> JSONResponse:
+        started = time.perf_counter()
+        request_id = translate.new_request_id()
+        request.state.request_id = request_id
+        body = parse_json_object(await request.body())
+        try:
+            parsed = ImageGenerationRequest.model_validate(body)
+        except ValidationError as exc:
+            raise errors.validation_error(exc.errors()) from None
+        request.state.user = parsed.user
+        request.state.prompt_chars = len(parsed.prompt)
+        request.state.n = parsed.n
+        parsed.check_supported()
+        message = translate.to_proto(parsed, request_id)
+
+        grpc_started = time.perf_counter()
+        call = request.app.state.generator.StreamImage(message, timeout=settings.request_timeout_s)
+        collecting = asyncio.ensure_future(_collect(call))
+        watching = asyncio.ensure_future(_wait_for_disconnect(request))
+        try:
+            done, _ = await asyncio.wait({collecting, watching}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watching.cancel()
+            if not collecting.done():
+                call.cancel()  # the client left (or the server is stopping): stop the AR decode and the denoise
+                collecting.cancel()
+        if collecting not in done:
+            raise APIError(499, "the client closed the request", code="client_closed_request")
+        images, completed = collecting.result()  # raises the AioRpcError, mapped by errors
+        grpc_ms = (time.perf_counter() - grpc_started) * 1000
+        if completed is None:
+            raise APIError(502, "ar_service ended the stream without a final result", code="bad_gateway")
+        content = translate.to_openai(parsed, images, completed, gateway_ms=0.0)
+        content["timings"]["gateway_ms"] = round((time.perf_counter() - started) * 1000 - grpc_ms, 3)
+        return JSONResponse(content)
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> JSONResponse:
+        reply = await request.app.state.generator.ListModels(ar_pb2.ListModelsRequest(), timeout=LIST_MODELS_TIMEOUT_S)
+        return JSONResponse(translate.models_to_openai(reply))
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str, request: Request) -> JSONResponse:
+        reply = await request.app.state.generator.ListModels(ar_pb2.ListModelsRequest(), timeout=LIST_MODELS_TIMEOUT_S)
+        for card in reply.models:
+            if card.id == model_id:
+                return JSONResponse(translate.model_card_to_openai(card))
+        served = ", ".join(card.id for card in reply.models) or "none"
+        raise APIError(404, f"model {model_id!r} not found; served: {served}", "model", "model_not_found")
+
+    @app.get("/health")
+    async def health(request: Request) -> JSONResponse:
+        ar, dit = await asyncio.gather(
+            _health_status(request.app.state.ar_channel), _health_status(request.app.state.dit_channel)
+        )
+        ok = ar == dit == "SERVING"
+        return JSONResponse({"status": "ok" if ok else "unavailable", "ar": ar, "dit": dit}, status_code=200 if ok else 503)
+
+    return app

@@ -1,0 +1,118 @@
+"""OpenAI <-> proto translation; pure functions, no I/O."""
+
+from __future__ import annotations
+
+import base64
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from gateway.protocol import ImageData, ImageGenerationRequest, ImagesResponse
+from protos import ar_pb2, common_pb2
+from protos.values import from_value, knobs_from_proto, knobs_to_proto
+
+OUTPUT_FORMATS = {
+    "png": common_pb2.OUTPUT_FORMAT_PNG,
+    "jpeg": common_pb2.OUTPUT_FORMAT_JPEG,
+    "webp": common_pb2.OUTPUT_FORMAT_WEBP,
+}
+
+
+def new_request_id() -> str:
+    return f"img-{uuid.uuid4().hex}"
+
+
+def to_proto(request: ImageGenerationRequest, request_id: str | None = None) -> ar_pb2.GenerateImageRequest:
+    """The OpenAI request as one GenerateImageRequest (width/height 0 for size 'auto')."""
+    width, height = request.dimensions()
+    message = ar_pb2.GenerateImageRequest(
+        request_id=request_id or new_request_id(),
+        model=request.model or "",
+        prompt=request.prompt,
+        negative_prompt=request.negative_prompt or "",
+        width=width,
+        height=height,
+        n=request.n,
+        output_format=OUTPUT_FORMATS[request.output_format],
+        quality=request.quality,
+        knobs=knobs_to_proto(request.knobs),
+    )
+    if request.seed is not None:
+        message.seed = request.seed
+    if request.output_compression is not None:
+        message.output_compression = request.output_compression
+    return message
+
+
+def timings_to_dict(timings: common_pb2.StageTimings, gateway_ms: float | None = None) -> dict[str, float | int]:
+    """Every StageTimings field by name (ms, counts as ints), plus the gateway's own time."""
+    result: dict[str, float | int] = {field.name: getattr(timings, field.name) for field in timings.DESCRIPTOR.fields}
+    if gateway_ms is not None:
+        result["gateway_ms"] = round(gateway_ms, 3)
+    return result
+
+
+def to_openai(
+    request: ImageGenerationRequest,
+    images: Iterable[common_pb2.GeneratedImage],
+    completed: ar_pb2.GenerateImageResponse,
+    gateway_ms: float | None = None,
+    created: int | None = None,
+) -> dict[str, Any]:
+    """The streamed images and the final summary as OpenAI's ImagesResponse (plus ardit extras)."""
+    ordered = sorted(images, key=lambda image: image.index)
+    response = ImagesResponse(
+        created=int(time.time()) if created is None else created,
+        data=[ImageData(b64_json=base64.b64encode(image.data).decode("ascii"), seed=image.seed) for image in ordered],
+        output_format=request.output_format,
+        size=f"{completed.width}x{completed.height}",
+        quality=request.quality,
+        request_id=completed.request_id,
+        model=completed.model,
+        seed=completed.seed,
+        seeds=[image.seed for image in ordered],
+        timings=timings_to_dict(completed.timings, gateway_ms),
+        knobs=knobs_from_proto(completed.knobs),
+    )
+    return response.model_dump()
+
+
+def model_card_to_openai(card: ar_pb2.ModelCard) -> dict[str, Any]:
+    """One ModelCard in OpenAI's model shape, ardit's details under "ardit"."""
+    knobs = [
+        {
+            "name": knob.name,
+            "type": knob.type,
+            "default": from_value(knob.default) if knob.HasField("default") else None,
+            "minimum": _number(knob.minimum) if knob.HasField("minimum") else None,
+            "maximum": _number(knob.maximum) if knob.HasField("maximum") else None,
+            "choices": list(knob.choices) or None,
+            "description": knob.description,
+        }
+        for knob in card.knobs
+    ]
+    return {
+        "id": card.id,
+        "object": "model",
+        "created": 0,
+        "owned_by": "ardit",
+        "ardit": {
+            "family": card.family,
+            "default_size": f"{card.default_width}x{card.default_height}",
+            "max_side": card.max_side,
+            "size_multiple": card.size_multiple,
+            "max_prompt_tokens": card.max_prompt_tokens,
+            "knobs": knobs,
+            "quality_steps": dict(card.quality_steps),
+        },
+    }
+
+
+def models_to_openai(reply: ar_pb2.ListModelsResponse) -> dict[str, Any]:
+    return {"object": "list", "data": [model_card_to_openai(card) for card in reply.models]}
+
+
+def _number(value: float) -> int | float:
+    """Whole numbers as ints (a minimum of 1 reads as 1, not 1.0)."""
+    return int(value) if float(value).is_integer() and abs(value) < 2**53 else value
