@@ -177,6 +177,8 @@ class AREngine:
         self.size_multiple = math.lcm(ppt, index.size_multiple)
         t2i = loaded.t2i
         self.ar_defaults = {"temperature": t2i.temperature, "top_k": t2i.top_k, "top_p": t2i.top_p}
+        # Strings the tokenizer turns into control tokens: inside a prompt they would rewrite the envelope.
+        self._control_tokens = tuple(sorted(loaded.tokenizer.get_added_vocab(), key=len, reverse=True))
         self._jobs: "queue.Queue[Job | None]" = queue.Queue()
         self._worker = threading.Thread(target=self._work, name="ar-worker", daemon=True)
         self._worker.start()
@@ -293,6 +295,9 @@ class AREngine:
         return width, height
 
     def _prompt_ids(self, text: str, grid: Grid, param: str) -> list[int]:
+        for token in self._control_tokens:
+            if token in text:
+                raise RequestRejected(f"'{param}' must not contain the model's control token {token!r}", param=param)
         count = len(self.loaded.tokenizer(text, add_special_tokens=False)["input_ids"])
         if count > self.max_prompt_tokens:
             raise RequestRejected(
@@ -377,7 +382,7 @@ class AREngine:
 
         def on_row(row: int, hidden: torch.Tensor, token_ids: torch.Tensor) -> None:
             if session is not None:
-                session.send_condition("image", row * (grid.width + 1), hidden)
+                session.send_condition("image", grid.row_start(row), hidden)
             else:
                 ids = [int(t) for t in token_ids[: grid.width]]
                 job.events.put(events.TokenRow(index, seed, grid.width, grid.height, row, ids))

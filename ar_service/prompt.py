@@ -34,6 +34,10 @@ class Grid:
         """Generated positions that carry a hidden state for the DiT (all rows incl. their EOLs)."""
         return self.height * (self.width + 1)
 
+    def row_start(self, row: int) -> int:
+        """Index of row ``row``'s first position within the image condition."""
+        return row * (self.width + 1)
+
     @property
     def decode_tokens(self) -> int:
         """Tokens sampled per image: every row plus one look-ahead token that is dropped."""

@@ -20,6 +20,10 @@ KnobKind = Literal["float", "int", "string", "float_pair"]
 Stage = Literal["request", "ar", "dit"]
 
 
+def _number_text(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
 @dataclass(frozen=True)
 class Knob:
     name: str
@@ -35,8 +39,8 @@ class Knob:
     def range_text(self) -> str:
         if self.choices:
             return "one of " + ", ".join(repr(c) for c in self.choices)
-        low = "" if self.minimum is None else (f"> {self.minimum:g}" if self.exclusive_minimum else f">= {self.minimum:g}")
-        high = "" if self.maximum is None else f"<= {self.maximum:g}"
+        low = "" if self.minimum is None else (">" if self.exclusive_minimum else ">=") + f" {_number_text(self.minimum)}"
+        high = "" if self.maximum is None else f"<= {_number_text(self.maximum)}"
         return " and ".join(part for part in (low, high) if part) or "any value"
 
     def check(self, value: Any) -> Any:

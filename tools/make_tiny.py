@@ -12,6 +12,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from transformers.utils import logging as transformers_logging
+
 from ar_service.model.tiny import TINY_HIDDEN_SIZE, write_tiny_ar
 from dit_service.model.pipeline import DiTPipeline
 from dit_service.model.tiny import write_tiny_dit_stack
@@ -23,6 +25,7 @@ TINY_MAX_SIDE = 512
 
 
 def make_tiny(target: Path) -> None:
+    transformers_logging.disable_progress_bar()
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))

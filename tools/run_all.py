@@ -14,23 +14,28 @@ import sys
 import time
 from pathlib import Path
 
-SERVICES = (
-    ("dit_service", ["-m", "dit_service"], True),
-    ("ar_service", ["-m", "ar_service"], True),
-    ("gateway", ["-m", "gateway"], False),
-)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.run_all", description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, default=Path("models/tiny"), help="pipeline directory (default: models/tiny)")
+    parser.add_argument("--gateway-port", type=int, default=8000, help="HTTP port of the gateway (default: 8000)")
+    parser.add_argument("--ar-port", type=int, default=50051, help="gRPC port of ar_service (default: 50051)")
+    parser.add_argument("--dit-port", type=int, default=50052, help="gRPC port of dit_service (default: 50052)")
     args = parser.parse_args(argv)
 
-    processes: list[tuple[str, subprocess.Popen]] = []
-    for name, command, takes_model in SERVICES:
-        extra = ["--model-dir", str(args.model_dir)] if takes_model else []
-        processes.append((name, subprocess.Popen([sys.executable, *command, *extra])))
-    print("ardit: gateway on http://127.0.0.1:8000 (ar_service :50051, dit_service :50052); Ctrl-C stops all", flush=True)
+    ar, dit = f"127.0.0.1:{args.ar_port}", f"127.0.0.1:{args.dit_port}"
+    commands = {
+        "dit_service": ["dit_service", "--port", str(args.dit_port), "--model-dir", str(args.model_dir)],
+        "ar_service": ["ar_service", "--port", str(args.ar_port), "--model-dir", str(args.model_dir), "--dit-address", dit],
+        "gateway": ["gateway", "--port", str(args.gateway_port), "--ar-address", ar, "--dit-address", dit],
+    }
+    processes = [(name, subprocess.Popen([sys.executable, "-m", *command])) for name, command in commands.items()]
+    print(
+        f"ardit: gateway on http://127.0.0.1:{args.gateway_port} (ar_service {ar}, dit_service {dit}); "
+        "Ctrl-C stops all three",
+        flush=True,
+    )
 
     stopping = False
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 from transformers import PreTrainedTokenizerFast
+from transformers.utils import logging as transformers_logging
 
 from ar_service.model.configuration import MammothARConfig
 from ar_service.model.modeling import MammothARModel
@@ -33,6 +34,7 @@ def load_ar(directory: str | Path, device: str | torch.device = "cpu", dtype: to
             raise FileNotFoundError(f"AR model directory {directory} lacks {name}")
     if not any(directory.glob("*.safetensors")):
         raise FileNotFoundError(f"AR model directory {directory} has no .safetensors weights")
+    transformers_logging.disable_progress_bar()  # service logs, not a terminal
     model, info = MammothARModel.from_pretrained(
         str(directory), local_files_only=True, use_safetensors=True, dtype=dtype, output_loading_info=True
     )
