@@ -262,6 +262,13 @@ class AREngine:
         grid = grid_for_size(width, height, self.loaded.config.pixels_per_token)
         prompt_ids = self._prompt_ids(prompt, grid, "prompt")
         negative_ids = self._prompt_ids(negative_prompt, grid, "negative_prompt") if negative_prompt.strip() else None
+        longest = max(len(prompt_ids), len(negative_ids or ()))
+        if longest + grid.decode_tokens > self.loaded.config.max_position_embeddings:
+            raise RequestRejected(
+                f"prompt and a {grid.width}x{grid.height}-token grid need {longest + grid.decode_tokens} positions; "
+                f"the model holds {self.loaded.config.max_position_embeddings}: shorten the prompt or the size",
+                param="size",
+            )
         text_positions = int(text_condition_mask(prompt_ids, self.loaded.config).sum())
         return ImagePlan(
             request_id=request_id or f"img-{uuid.uuid4().hex}",

@@ -1,4 +1,8 @@
-"""The gateway against a fake in-process ImageGenerator (no model): the success path and error pass-through."""
+"""The gateway against a stand-in ImageGenerator that records what it receives.
+
+The end-to-end suite (tests/e2e) drives the real services; this one checks what the gateway puts on
+the wire field by field, and statuses the real services cannot be made to answer on demand yet
+(RESOURCE_EXHAUSTED, an AR that hangs until the client leaves)."""
 
 from __future__ import annotations
 
