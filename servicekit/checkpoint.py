@@ -1,0 +1,161 @@
+"""A pipeline checkpoint directory in the upstream MammothModa2 layout, and its weights.
+
+One combined root: ``config.json`` (model_type ``mammothmoda2``: ``llm_config``, ``gen_dit_config``,
+``gen_vae_config``, ``gen_image_condition_refiner_config``, ``gen_axes_dim_rope``, ...),
+``t2i_generation_config.json``, tokenizer files, and safetensors weights — one ``model.safetensors``
+or shards listed in ``model.safetensors.index.json`` — whose keys carry the component prefixes
+``llm_model.``, ``gen_transformer.``, ``gen_vae.`` and ``gen_image_condition_refiner.``.
+Each service opens the same directory and reads only the tensors under its own prefixes.
+
+Serving facts that the upstream checkpoint does not hold live in an optional ``ardit_serving.json``
+beside it (see ``ServingDefaults``); a real checkpoint needs none.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+CONFIG_FILE = "config.json"
+SERVING_FILE = "ardit_serving.json"
+SINGLE_WEIGHTS = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+FAMILIES = ("mammothmoda2",)
+
+
+@dataclass(frozen=True)
+class ServingDefaults:
+    """What ardit needs to serve a checkpoint that the checkpoint itself does not say.
+
+    pixels_per_token: image pixels per visual token along each side. vllm-omni's MammothModa2 stage
+    uses 16 (1024x1024 -> a 64x64 grid); the upstream README speaks of 32x32 grids at 1024x1024
+    (32 pixels per token). ardit follows vllm-omni by default; set 32 here to follow the README.
+    """
+
+    default_width: int = 1024
+    default_height: int = 1024
+    max_side: int = 2048
+    pixels_per_token: int = 16
+
+
+@dataclass(frozen=True)
+class PipelineCheckpoint:
+    root: Path
+    config: dict[str, Any]
+    serving: ServingDefaults
+    weight_map: dict[str, str]  # tensor name -> file name within root
+
+    @property
+    def family(self) -> str:
+        return self.config["model_type"]
+
+    @property
+    def name(self) -> str:
+        return self.root.name
+
+    @property
+    def size_multiple(self) -> int:
+        """Pixel sizes must be multiples of this for the DiT: VAE downsampling x patch size."""
+        vae = self.config["gen_vae_config"]
+        downsampling = 2 ** (len(vae.get("block_out_channels", (0, 0, 0, 0))) - 1)
+        return downsampling * int(self.config["gen_dit_config"].get("patch_size", 2))
+
+    def tensor_names(self, prefix: str = "") -> list[str]:
+        return sorted(name for name in self.weight_map if name.startswith(prefix))
+
+    def load_tensors(
+        self, prefix: str, device: "str | torch.device" = "cpu", dtype: "torch.dtype | None" = None
+    ) -> dict[str, "torch.Tensor"]:
+        """Every tensor under ``prefix``, with the prefix stripped, read from the files that hold them."""
+        from safetensors import safe_open
+
+        by_file: dict[str, list[str]] = {}
+        for name in self.tensor_names(prefix):
+            by_file.setdefault(self.weight_map[name], []).append(name)
+        tensors = {}
+        for file_name, names in sorted(by_file.items()):
+            with safe_open(str(self.root / file_name), framework="pt", device=str(device)) as handle:
+                for name in names:
+                    tensor = handle.get_tensor(name)
+                    if dtype is not None and tensor.is_floating_point():
+                        tensor = tensor.to(dtype)
+                    tensors[name[len(prefix):]] = tensor
+        return tensors
+
+
+def open_checkpoint(root: Path | str) -> PipelineCheckpoint:
+    """Reads a pipeline directory's config and weight map; anything missing is a clear error."""
+    root = Path(root).resolve()
+    config_path = root / CONFIG_FILE
+    if not config_path.is_file():
+        raise FileNotFoundError(
+            f"no {CONFIG_FILE} in {root}: point --model-dir at a MammothModa2 checkpoint directory "
+            "(make a tiny one with `python -m tools.make_tiny DIR`)"
+        )
+    config = json.loads(config_path.read_text())
+    if config.get("model_type") not in FAMILIES:
+        raise ValueError(f"{config_path}: model_type {config.get('model_type')!r} is not served; known: {', '.join(FAMILIES)}")
+    return PipelineCheckpoint(root=root, config=config, serving=_read_serving(root), weight_map=_weight_map(root))
+
+
+def _read_serving(root: Path) -> ServingDefaults:
+    path = root / SERVING_FILE
+    if not path.is_file():
+        return ServingDefaults()
+    data = json.loads(path.read_text())
+    known = {f.name for f in fields(ServingDefaults)}
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
+    return ServingDefaults(**{key: int(value) for key, value in data.items()})
+
+
+def _weight_map(root: Path) -> dict[str, str]:
+    index = root / WEIGHTS_INDEX
+    if index.is_file():
+        return dict(json.loads(index.read_text())["weight_map"])
+    single = root / SINGLE_WEIGHTS
+    if single.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(single), framework="pt") as handle:
+            return {name: SINGLE_WEIGHTS for name in handle.keys()}
+    raise FileNotFoundError(f"{root} holds neither {SINGLE_WEIGHTS} nor {WEIGHTS_INDEX}")
+
+
+def write_serving_defaults(root: Path, serving: ServingDefaults) -> None:
+    (Path(root) / SERVING_FILE).write_text(json.dumps(asdict(serving), indent=2, sort_keys=True) + "\n")
+
+
+def save_tensors(root: Path, tensors: dict[str, "torch.Tensor"], max_shard_bytes: int = 5 * 1024**3) -> None:
+    """Writes weights deterministically: one file, or shards plus an index past ``max_shard_bytes``."""
+    from safetensors.torch import save_file
+
+    root = Path(root)
+    shards: list[dict[str, "torch.Tensor"]] = [{}]
+    size = 0
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().to("cpu").contiguous()
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    if len(shards) == 1:
+        save_file(shards[0], str(root / SINGLE_WEIGHTS), metadata={"format": "pt"})
+        return
+    weight_map, total = {}, 0
+    for i, shard in enumerate(shards, start=1):
+        file_name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(root / file_name), metadata={"format": "pt"})
+        for name, tensor in shard.items():
+            weight_map[name] = file_name
+            total += tensor.numel() * tensor.element_size()
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (root / WEIGHTS_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
