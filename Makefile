@@ -25,10 +25,10 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
-$(MODEL_DIR)/model_index.json: | $(STAMP)
+$(MODEL_DIR)/config.json: | $(STAMP)
 	$(BIN)/python -m tools.make_tiny $(MODEL_DIR)
 
-model: $(MODEL_DIR)/model_index.json
+model: $(MODEL_DIR)/config.json
 
 up: install model
 	$(BIN)/python -m tools.run_all --model-dir $(MODEL_DIR)

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import signal
 import sys
-import threading
 
 from ar_service.settings import ARSettings
 from servicekit.logs import setup_logging
@@ -23,41 +21,56 @@ def main(argv: list[str] | None = None) -> None:
     from ar_service.render_client import GrpcRenderer
     from ar_service.server import build_server
     from protos.knobs import FAMILIES
+    from servicekit.checkpoint import open_checkpoint
     from servicekit.devices import pick_device, pick_dtype
-    from servicekit.model_index import read_model_index
 
-    index = read_model_index(settings.model_dir)
+    checkpoint = open_checkpoint(settings.model_dir, require_weights=not settings.random_weights)
     device = pick_device(settings.device)
     dtype = pick_dtype(settings.dtype, device)
-    running = build_server(settings.host, settings.port, settings.max_workers)
+    from servicekit.lifecycle import exit_process, install_stop_signals, stop_gracefully
+    from servicekit.tls import ClientTLS, ServerTLS
+
+    running = build_server(
+        settings.host,
+        settings.port,
+        settings.max_workers,
+        tls=ServerTLS(settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file),
+        max_concurrent_streams=settings.max_concurrent_streams,
+    )
+    running.servicer.log_prompts = settings.log_prompts
     running.server.start()
-    log.info("ar_service listening on %s:%d, loading %s on %s (%s)", settings.host, running.port, index.ar, device, dtype)
+    log.info(
+        "ar_service listening on %s:%d, loading %s on %s (%s%s)",
+        settings.host, running.port, checkpoint.root, device, dtype, ", random weights" if settings.random_weights else "",
+    )
     try:
-        loaded = load_ar(index.ar, device=device, dtype=dtype)
+        loaded = load_ar(checkpoint, device=device, dtype=dtype, random_weights=settings.random_weights)
     except BaseException:
         running.server.stop(0)
         raise
-    renderer = GrpcRenderer(settings.dit_address)
+    dit_tls = ClientTLS(
+        settings.dit_tls_ca_file, settings.dit_tls_cert_file, settings.dit_tls_key_file, settings.dit_tls_server_name
+    )
+    renderer = GrpcRenderer(settings.dit_address, tls=dit_tls)
     engine = AREngine(
         loaded,
-        index,
-        FAMILIES[index.family],
+        checkpoint,
+        FAMILIES[checkpoint.family],
         renderer,
         model_id=settings.model_id,
         max_prompt_tokens=settings.max_prompt_tokens,
+        max_pixels=settings.max_pixels,
     )
     running.servicer.engine = engine
     running.set_serving(True)
     log.info("ar_service ready on %s:%d (model %s, renderer at %s)", settings.host, running.port, engine.model_id, settings.dit_address)
 
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = install_stop_signals()
     stop.wait()
-    running.set_serving(False)
-    running.server.stop(grace=5).wait()
+    stop_gracefully("ar_service", running.server, running.set_serving, settings.shutdown_drain_s, settings.shutdown_grace_s)
     engine.close()
     renderer.close()
+    exit_process(0)
 
 
 if __name__ == "__main__":

@@ -23,14 +23,21 @@ import grpc
 import torch
 
 from ar_service import events
-from ar_service.generation import GenerationCancelled, generate_grid, prompt_ids_for, text_condition_for, text_condition_mask
+from ar_service.generation import (
+    ConditionLengthError,
+    GenerationCancelled,
+    generate_grid,
+    prompt_ids_for,
+    text_condition_for,
+    text_condition_mask,
+)
 from ar_service.model.loading import LoadedAR
 from ar_service.prompt import Grid, grid_for_size
 from ar_service.render_client import RenderHeader, RenderSession
 from ar_service.sampling import SamplingParams
 from protos.knobs import KnobTable
 from protos.status import RequestRejected
-from servicekit.model_index import ModelIndex
+from servicekit.checkpoint import PipelineCheckpoint
 
 log = logging.getLogger(__name__)
 
@@ -161,22 +168,26 @@ class AREngine:
     def __init__(
         self,
         loaded: LoadedAR,
-        index: ModelIndex,
+        checkpoint: PipelineCheckpoint,
         knob_table: KnobTable,
         renderer: Renderer,
         model_id: str | None = None,
         max_prompt_tokens: int = 1024,
+        max_pixels: int | None = None,
     ):
         self.loaded = loaded
-        self.index = index
+        self.checkpoint = checkpoint
+        self.serving = checkpoint.serving
         self.knob_table = knob_table
         self.renderer = renderer
-        self.model_id = model_id or index.name
+        self.model_id = model_id or checkpoint.name
         self.max_prompt_tokens = max_prompt_tokens
-        ppt = loaded.config.pixels_per_token
-        self.size_multiple = math.lcm(ppt, index.size_multiple)
+        self.max_pixels = max_pixels  # None: the largest side squared is the only bound
+        # Pixels per visual token is a serving fact (ardit_serving.json, default 16 as vllm-omni), not a model one.
+        self.pixels_per_token = checkpoint.serving.pixels_per_token
+        self.size_multiple = math.lcm(self.pixels_per_token, checkpoint.size_multiple)
         t2i = loaded.t2i
-        self.ar_defaults = {"temperature": t2i.temperature, "top_k": t2i.top_k, "top_p": t2i.top_p}
+        self.ar_defaults = {"temperature": t2i.default_temperature, "top_k": t2i.top_k, "top_p": t2i.top_p}
         # Strings the tokenizer turns into control tokens: inside a prompt they would rewrite the envelope.
         self._control_tokens = tuple(sorted(loaded.tokenizer.get_added_vocab(), key=len, reverse=True))
         self._jobs: "queue.Queue[Job | None]" = queue.Queue()
@@ -192,10 +203,10 @@ class AREngine:
             knobs.append({"knob": knob, "default": default})
         return {
             "id": self.model_id,
-            "family": self.index.family,
-            "default_width": self.index.default_width,
-            "default_height": self.index.default_height,
-            "max_side": self.index.max_side,
+            "family": self.checkpoint.family,
+            "default_width": self.serving.default_width,
+            "default_height": self.serving.default_height,
+            "max_side": self.serving.max_side,
             "size_multiple": self.size_multiple,
             "max_prompt_tokens": self.max_prompt_tokens,
             "knobs": knobs,
@@ -259,7 +270,7 @@ class AREngine:
             dit_given["num_inference_steps"] = preset
         dit_knobs = self.knob_table.resolve(dit_given, {}, stages=("dit",))
 
-        grid = grid_for_size(width, height, self.loaded.config.pixels_per_token)
+        grid = grid_for_size(width, height, self.pixels_per_token)
         prompt_ids = self._prompt_ids(prompt, grid, "prompt")
         negative_ids = self._prompt_ids(negative_prompt, grid, "negative_prompt") if negative_prompt.strip() else None
         longest = max(len(prompt_ids), len(negative_ids or ()))
@@ -290,8 +301,8 @@ class AREngine:
 
     def _check_size(self, width: int, height: int) -> tuple[int, int]:
         if width == 0 and height == 0:
-            return self.index.default_width, self.index.default_height
-        limit, multiple = self.index.max_side, self.size_multiple
+            return self.serving.default_width, self.serving.default_height
+        limit, multiple = self.serving.max_side, self.size_multiple
         for side in (width, height):
             if side < multiple or side > limit or side % multiple:
                 raise RequestRejected(
@@ -299,6 +310,11 @@ class AREngine:
                     f"between {multiple} and {limit}",
                     param="size",
                 )
+        if self.max_pixels is not None and width * height > self.max_pixels:
+            raise RequestRejected(
+                f"'size' {width}x{height} is {width * height} pixels; at most {self.max_pixels} per image are accepted",
+                param="size",
+            )
         return width, height
 
     def _prompt_ids(self, text: str, grid: Grid, param: str) -> list[int]:
@@ -334,6 +350,9 @@ class AREngine:
                 log.info("request %s cancelled during decode", job.plan.request_id)
             except RequestRejected as exc:
                 job.fail(exc)
+            except ConditionLengthError as exc:
+                log.error("request %s: %s", job.plan.request_id, exc)
+                job.fail(RequestRejected(f"AR condition is malformed: {exc}", code=grpc.StatusCode.INTERNAL))
             except Exception as exc:  # the worker must outlive any one request
                 log.exception("request %s failed", job.plan.request_id)
                 job.fail(RequestRejected(f"AR decode failed: {type(exc).__name__}", code=grpc.StatusCode.INTERNAL))

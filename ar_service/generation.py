@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ar_service.model.configuration import MammothARConfig
-from ar_service.model.modeling import KVCache, MammothARModel
+from ar_service.model.configuration import ARConfig
+from ar_service.model.modeling import KVCache, MammothModa2AR
 from ar_service.model.t2i_config import T2IGenerationConfig
 from ar_service.prompt import Grid, allowed_token_range, build_t2i_prompt
 from ar_service.sampling import SamplingParams, sample_next
@@ -23,6 +23,11 @@ RowCallback = Callable[[int, torch.Tensor, torch.Tensor], None]
 
 class GenerationCancelled(Exception):
     """Raised inside the decode loop when `should_stop()` says the request is gone."""
+
+
+class ConditionLengthError(RuntimeError):
+    """The generated positions carrying generation-vocabulary ids are not ``ar_h * (ar_w + 1)``: the DiT would get
+    a condition of the wrong shape, so the request fails (the engine answers INTERNAL with this message)."""
 
 
 @dataclass
@@ -38,22 +43,39 @@ def prompt_ids_for(tokenizer, prompt: str, grid: Grid) -> list[int]:
     return list(tokenizer(build_t2i_prompt(prompt, grid), add_special_tokens=False)["input_ids"])
 
 
-def text_condition_mask(prompt_ids: list[int], config: MammothARConfig) -> torch.Tensor:
-    """Prompt positions that condition the DiT: no vision placeholders, nothing from the gen vocab."""
-    excluded = {
-        config.image_token_id,
-        config.video_token_id,
-        config.vision_start_token_id,
-        config.vision_end_token_id,
-    } - {None}
+def text_condition_mask(prompt_ids: list[int], config: ARConfig) -> torch.Tensor:
+    """Prompt positions that condition the DiT: no vision placeholders, nothing from the gen vocab.
+
+    vllm-omni ``stage_input_processors/mammoth_moda2.py`` (``ar2dit``): ``questions_mask & ~(visual_token_mask |
+    gen_token_mask)`` with visual ids <|image_pad|>, <|video_pad|>, <|vision_start|>, <|vision_end|>
+    (151655/151656/151652/151653 in Preview, read from llm_config) and gen ids ``>= gen_vocab_start_index``.
+    """
     ids = torch.tensor(prompt_ids, dtype=torch.long)
     mask = ids < config.gen_vocab_start_index
-    for token in excluded:
+    for token in config.vision_placeholder_ids:
         mask &= ids != token
     return mask
 
 
-def _prefill(model: MammothARModel, prompt_ids: list[int], cache: KVCache | None):
+def image_condition_mask(generated_ids: list[int], config: ARConfig) -> torch.Tensor:
+    """Generated positions that condition the DiT: ids in the generation vocabulary (visual tokens and EOLs),
+    the final look-ahead token dropped (it is never fed, so it has no hidden state; vllm-omni ``ar2dit``:
+    ``cumulative_token_ids[:-1]``, then ``answers_mask & gen_token_mask``)."""
+    ids = torch.tensor(generated_ids[:-1], dtype=torch.long)
+    return ids >= config.gen_vocab_start_index
+
+
+def check_image_condition(generated_ids: list[int], config: ARConfig, grid: Grid) -> None:
+    """The image condition must be exactly ``ar_h * (ar_w + 1)`` rows; anything else fails the request."""
+    count = int(image_condition_mask(generated_ids, config).sum())
+    if count != grid.condition_positions:
+        raise ConditionLengthError(
+            f"image condition has {count} positions; a {grid.width}x{grid.height} grid needs "
+            f"{grid.height} * ({grid.width} + 1) = {grid.condition_positions}"
+        )
+
+
+def _prefill(model: MammothModa2AR, prompt_ids: list[int], cache: KVCache | None):
     if not prompt_ids:
         raise ValueError("prompt_ids is empty")
     device = model.device
@@ -66,7 +88,7 @@ def _prefill(model: MammothARModel, prompt_ids: list[int], cache: KVCache | None
 
 @torch.inference_mode()
 def text_condition_for(
-    model: MammothARModel, prompt_ids: list[int], config: MammothARConfig | None = None
+    model: MammothModa2AR, prompt_ids: list[int], config: ARConfig | None = None
 ) -> tuple[torch.Tensor, float]:
     """Prefill only (e.g. a negative prompt); `config` is accepted for callers that pass it, and unused."""
     start = time.perf_counter()
@@ -76,7 +98,7 @@ def text_condition_for(
 
 @torch.inference_mode()
 def generate_grid(
-    model: MammothARModel,
+    model: MammothModa2AR,
     prompt_ids: list[int],
     grid: Grid,
     t2i: T2IGenerationConfig,
@@ -119,8 +141,11 @@ def generate_grid(
         image[i] = hidden[0, 0]
         if (i + 1) % row_len == 0:
             row = i // row_len
+            if min(tokens[-row_len:]) < model.config.gen_vocab_start_index:  # never with the grid sampler
+                raise ConditionLengthError(f"grid row {row} holds ids outside the generation vocabulary")
             if on_row is not None:
                 rows = image[row * row_len : (row + 1) * row_len].to("cpu", copy=True)
                 on_row(row, rows, torch.tensor(tokens[-row_len:]))
     decode_ms = (time.perf_counter() - start) * 1000
+    check_image_condition(tokens, model.config, grid)
     return GridResult(tokens, text_condition, image.cpu(), prefill_ms, decode_ms)

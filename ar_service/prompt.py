@@ -15,7 +15,7 @@ SYSTEM_PROMPT = "You are a helpful image generator."
 class _VisualIds(Protocol):
     eol_token_id: int
     visual_token_start_id: int
-    visual_token_end_id: int
+    visual_token_end_id: int  # exclusive
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,12 @@ def build_t2i_prompt(prompt: str, grid: Grid) -> str:
 
 
 def allowed_token_range(generated_len: int, grid: Grid, t2i: _VisualIds) -> tuple[int, int]:
-    """Inclusive id range the next token may take, given how many tokens were generated so far."""
+    """Inclusive id range the next token may take, given how many tokens were generated so far.
+
+    ``visual_token_end_id`` is exclusive (t2i_generation_config.json semantics; see
+    ar_service/model/t2i_config.py), so the last allowed visual id is ``visual_token_end_id - 1``.
+    """
     col = generated_len % (grid.width + 1)
     if col == grid.width:
         return t2i.eol_token_id, t2i.eol_token_id
-    return t2i.visual_token_start_id, t2i.visual_token_end_id
+    return t2i.visual_token_start_id, t2i.visual_token_end_id - 1

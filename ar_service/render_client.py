@@ -20,6 +20,7 @@ from protos import channels, common_pb2, dit_pb2, dit_pb2_grpc
 from protos.codec import encode_tensor, iter_row_chunks
 from protos.status import RequestRejected, param_of
 from protos.values import knobs_to_proto
+from servicekit.tls import ClientTLS, open_channel
 
 log = logging.getLogger(__name__)
 
@@ -129,10 +130,10 @@ class RenderSession:
 class GrpcRenderer:
     """Opens Render streams to dit_service over one shared channel."""
 
-    def __init__(self, address: str, timeout: float | None = None):
+    def __init__(self, address: str, timeout: float | None = None, tls: ClientTLS | None = None):
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(address, options=channels.channel_options())
+        self._channel = open_channel(address, tls, channels.channel_options())
         self._stub = dit_pb2_grpc.RendererStub(self._channel)
 
     def open(self, header: RenderHeader, on_event: Callable[[object], None], timeout: float | None = None) -> RenderSession:

@@ -18,6 +18,8 @@ from grpc_reflection.v1alpha import reflection
 from ar_service import events
 from ar_service.engine import AREngine, ImagePlan, Job
 from protos import ar_pb2, ar_pb2_grpc, channels, common_pb2
+from servicekit.grpc_guard import MalformedRequestInterceptor
+from servicekit.tls import ServerTLS, add_port
 from protos.status import RequestRejected, abort, abort_rejected
 from protos.values import knobs_from_proto, knobs_to_proto, to_value
 
@@ -61,8 +63,9 @@ def _summary(plan: ImagePlan, done: events.JobDone) -> ar_pb2.GenerateImageRespo
 
 
 class ImageGeneratorServicer(ar_pb2_grpc.ImageGeneratorServicer):
-    def __init__(self, engine: AREngine | None = None):
+    def __init__(self, engine: AREngine | None = None, log_prompts: bool = False):
         self.engine = engine  # None while the model loads
+        self.log_prompts = log_prompts  # off: logs carry prompt lengths, never prompt text
 
     # -- RPCs -------------------------------------------------------------------------------
 
@@ -149,7 +152,12 @@ class ImageGeneratorServicer(ar_pb2_grpc.ImageGeneratorServicer):
             abort_rejected(context, exc)
         job = engine.submit(plan, mode=mode, timeout=context.time_remaining())
         context.add_callback(job.cancel)
-        log.info("request %s: %d image(s) %dx%d seed %d", plan.request_id, plan.n, plan.width, plan.height, plan.seed)
+        log.info(
+            "request %s: %d image(s) %dx%d seed %d, prompt %d tokens",
+            plan.request_id, plan.n, plan.width, plan.height, plan.seed, len(plan.prompt_ids),
+        )
+        if self.log_prompts:
+            log.info("request %s prompt: %r negative: %r", plan.request_id, request.prompt, request.negative_prompt)
         return job
 
     def _events(self, job: Job, context: grpc.ServicerContext) -> Iterator[object]:
@@ -182,15 +190,27 @@ class ARServer:
             self.health.set(name, status)
 
 
-def build_server(host: str, port: int, max_workers: int, engine: AREngine | None = None) -> ARServer:
+def build_server(
+    host: str,
+    port: int,
+    max_workers: int,
+    engine: AREngine | None = None,
+    *,
+    tls: ServerTLS | None = None,
+    max_concurrent_streams: int = channels.DEFAULT_MAX_CONCURRENT_STREAMS,
+) -> ARServer:
     """A bound, not yet started server reporting NOT_SERVING until ``set_serving(True)``."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=channels.server_options())
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers),
+        options=channels.server_options(max_concurrent_streams),
+        interceptors=[MalformedRequestInterceptor()],
+    )
     servicer = ImageGeneratorServicer(engine)
     ar_pb2_grpc.add_ImageGeneratorServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((IMAGE_GENERATOR_SERVICE, reflection.SERVICE_NAME, health.SERVICE_NAME), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = add_port(server, f"{host}:{port}", tls)
     if bound == 0:
         raise SystemExit(f"ar_service could not listen on {host}:{port}")
     running = ARServer(server, bound, servicer, health_servicer)

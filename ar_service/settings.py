@@ -16,7 +16,10 @@ class ARSettings(ServiceSettings):
 
     host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0 in a container)")
     port: int = Field(50051, ge=0, le=65535, description="gRPC port (0 = any free port)")
-    model_dir: Path = Field(Path("models/tiny"), description="pipeline directory holding model_index.json")
+    model_dir: Path = Field(Path("models/tiny"), description="MammothModa2 checkpoint directory (config.json, safetensors, tokenizer)")
+    random_weights: bool = Field(
+        False, description="random AR weights built on the device (benchmarks): the directory needs no safetensors"
+    )
     model_id: str | None = Field(None, description="served model name (default: the model directory's name)")
     dit_address: str = Field("127.0.0.1:50052", description="dit_service's host:port")
     device: str = Field("auto", description="cpu, cuda, cuda:N or auto (CUDA when present)")
@@ -25,4 +28,21 @@ class ARSettings(ServiceSettings):
     )
     max_prompt_tokens: int = Field(1024, ge=1, description="longest prompt accepted, in tokens")
     max_workers: int = Field(32, ge=2, description="gRPC handler threads")
+    # -- limits (issue 6) --
+    max_pixels: int | None = Field(
+        None, ge=256, description="largest width * height of one image (default: the model's largest side squared)"
+    )
+    max_concurrent_streams: int = Field(100, ge=1, description="most concurrent gRPC streams per client connection")
+    # -- shutdown --
+    shutdown_drain_s: float = Field(0.0, ge=0, description="on SIGTERM, report NOT_SERVING this long before refusing calls")
+    shutdown_grace_s: float = Field(10.0, ge=0, description="on SIGTERM, time in-flight requests get to finish before cancellation")
+    # -- TLS (servicekit/tls.py): this server, and the channel to dit_service --
+    tls_cert_file: Path | None = Field(None, description="PEM certificate chain: serve TLS (with tls_key_file)")
+    tls_key_file: Path | None = Field(None, description="PEM private key of tls_cert_file")
+    tls_client_ca_file: Path | None = Field(None, description="PEM CA: require client certificates it signed (mutual TLS)")
+    dit_tls_ca_file: Path | None = Field(None, description="PEM CA that signed dit_service's certificate: talk TLS to it")
+    dit_tls_cert_file: Path | None = Field(None, description="PEM client certificate presented to dit_service (mutual TLS)")
+    dit_tls_key_file: Path | None = Field(None, description="PEM private key of dit_tls_cert_file")
+    dit_tls_server_name: str | None = Field(None, description="name to verify dit_service's certificate against")
+    log_prompts: bool = Field(False, description="log each request's prompt (off: logs carry lengths, never prompt text)")
     log_level: str = Field("info", description="debug, info, warning or error")

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import signal
 import sys
-import threading
 
 from dit_service.settings import DiTSettings
 from servicekit.logs import setup_logging
@@ -23,31 +21,51 @@ def main(argv: list[str] | None = None) -> None:
     from dit_service.server import build_server
     from protos.knobs import FAMILIES
     from servicekit.devices import pick_device, pick_dtype
-    from servicekit.model_index import read_model_index
+    from servicekit.checkpoint import open_checkpoint
 
-    index = read_model_index(settings.model_dir)
+    checkpoint = open_checkpoint(settings.model_dir, require_weights=not settings.random_weights)
     device = pick_device(settings.device)
     dtype = pick_dtype(settings.dtype, device)
-    running = build_server(settings.host, settings.port, settings.max_workers)
+    from servicekit.lifecycle import exit_process, install_stop_signals, stop_gracefully
+    from servicekit.tls import ServerTLS
+
+    running = build_server(
+        settings.host,
+        settings.port,
+        settings.max_workers,
+        tls=ServerTLS(settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file),
+        max_concurrent_streams=settings.max_concurrent_streams,
+        # a Render message is a header or one chunk: a little over the largest chunk is all it needs
+        max_receive_message_bytes=settings.max_chunk_bytes + 1024 * 1024,
+    )
     running.server.start()
-    log.info("dit_service listening on %s:%d, loading %s on %s (%s)", settings.host, running.port, index.root, device, dtype)
+    log.info(
+        "dit_service listening on %s:%d, loading %s on %s (%s)%s", settings.host, running.port, checkpoint.root, device,
+        dtype, " with random weights" if settings.random_weights else "",
+    )
     try:
-        pipeline = DiTPipeline.from_directory(index.root, device=device, dtype=dtype)
+        pipeline = DiTPipeline.from_checkpoint(checkpoint, device=device, dtype=dtype, random_weights=settings.random_weights)
     except BaseException:
         running.server.stop(0)
         raise
-    engine = DiTEngine(pipeline, FAMILIES[index.family], settings.max_condition_positions)
+    engine = DiTEngine(
+        pipeline,
+        FAMILIES[checkpoint.family],
+        settings.max_condition_positions,
+        max_side=settings.max_side,
+        max_pixels=settings.max_pixels,
+        max_chunk_bytes=settings.max_chunk_bytes,
+        max_condition_chunks=settings.max_condition_chunks,
+    )
     running.servicer.engine = engine
     running.set_serving(True)
     log.info("dit_service ready on %s:%d", settings.host, running.port)
 
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = install_stop_signals()
     stop.wait()
-    running.set_serving(False)
-    running.server.stop(grace=5).wait()
+    stop_gracefully("dit_service", running.server, running.set_serving, settings.shutdown_drain_s, settings.shutdown_grace_s)
     engine.close()
+    exit_process(0)
 
 
 if __name__ == "__main__":

@@ -78,15 +78,62 @@ class RenderPlan:
     index_offset: int = 0
 
 
-class ConditionAssembler:
-    """Collects condition chunks into buffers preallocated from the plan, checking each one."""
+DTYPE_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
-    def __init__(self, plan: RenderPlan):
+
+class ConditionAssembler:
+    """Collects condition chunks into buffers preallocated from the plan, checking each one.
+
+    The buffers are all a Render stream ever makes the DiT allocate: ``precheck`` refuses a chunk
+    from its declared dtype, shape, offset and size before its bytes are decoded, so a chunk can
+    neither exceed the header's positions nor ``max_chunk_bytes``, and a stream can send at most
+    ``max_chunks`` chunks.
+    """
+
+    def __init__(self, plan: RenderPlan, max_chunk_bytes: int | None = None, max_chunks: int | None = None):
         self.plan = plan
+        self.max_chunk_bytes = max_chunk_bytes
+        self.max_chunks = max_chunks
+        self.chunks = 0
         self.buffers = {
             kind: torch.empty((count, plan.hidden_size), dtype=plan.dtype) for kind, count in plan.positions.items()
         }
         self.filled = {kind: torch.zeros(count, dtype=torch.bool) for kind, count in plan.positions.items()}
+
+    def precheck(self, kind: str, offset: int, dtype: str, shape: list[int], nbytes: int) -> None:
+        """Checks a chunk from its metadata alone, before its bytes become a tensor."""
+        self.chunks += 1
+        if self.max_chunks is not None and self.chunks > self.max_chunks:
+            raise RequestRejected(f"a Render stream may send at most {self.max_chunks} condition chunks", param="chunk")
+        if self.max_chunk_bytes is not None and nbytes > self.max_chunk_bytes:
+            raise RequestRejected(
+                f"condition chunk of {nbytes} bytes is over the {self.max_chunk_bytes}-byte limit; send smaller chunks",
+                param="chunk.hidden_states",
+            )
+        if kind not in CONDITION_KINDS:
+            raise RequestRejected(f"condition chunk kind must be one of {', '.join(CONDITION_KINDS)}", param="chunk.kind")
+        expected = str(self.plan.dtype).removeprefix("torch.")
+        if dtype != expected:
+            raise RequestRejected(
+                f"condition chunk dtype {dtype or 'unset'} differs from the header's {expected}", param="chunk.hidden_states"
+            )
+        if len(shape) != 2 or shape[1] != self.plan.hidden_size or shape[0] <= 0:
+            raise RequestRejected(
+                f"condition chunk shape must be [positions >= 1, {self.plan.hidden_size}]; got {list(shape)}",
+                param="chunk.hidden_states",
+            )
+        declared = self.plan.positions[kind]
+        if offset + shape[0] > declared:
+            raise RequestRejected(
+                f"{kind} condition chunk covers positions {offset}..{offset + shape[0] - 1}, but the header declared {declared}",
+                param="chunk.offset",
+            )
+        if nbytes != shape[0] * shape[1] * DTYPE_ITEMSIZE[expected]:
+            raise RequestRejected(
+                f"condition chunk of shape {list(shape)} and dtype {expected} needs "
+                f"{shape[0] * shape[1] * DTYPE_ITEMSIZE[expected]} bytes, got {nbytes}",
+                param="chunk.hidden_states",
+            )
 
     def add(self, kind: str, offset: int, hidden: torch.Tensor) -> None:
         if kind not in CONDITION_KINDS:
@@ -140,10 +187,24 @@ class RenderJob:
 class DiTEngine:
     """Plans renders against the loaded pipeline and runs them one at a time, in arrival order."""
 
-    def __init__(self, pipeline: DiTPipeline, knob_table: KnobTable, max_condition_positions: int):
+    def __init__(
+        self,
+        pipeline: DiTPipeline,
+        knob_table: KnobTable,
+        max_condition_positions: int,
+        *,
+        max_side: int | None = None,
+        max_pixels: int | None = None,
+        max_chunk_bytes: int | None = None,
+        max_condition_chunks: int | None = None,
+    ):
         self.pipeline = pipeline
         self.knob_table = knob_table
         self.max_condition_positions = max_condition_positions
+        self.max_side = max_side
+        self.max_pixels = max_pixels
+        self.max_chunk_bytes = max_chunk_bytes
+        self.max_condition_chunks = max_condition_chunks
         self._jobs: "queue.Queue[RenderJob | None]" = queue.Queue()
         self._worker = threading.Thread(target=self._work, name="dit-worker", daemon=True)
         self._worker.start()
@@ -173,8 +234,18 @@ class DiTEngine:
         for name, side in (("width", width), ("height", height)):
             if side <= 0 or side % multiple:
                 raise RequestRejected(f"{name} must be a positive multiple of {multiple}; got {side}", param=name)
+            if self.max_side is not None and side > self.max_side:
+                raise RequestRejected(f"{name} must be at most {self.max_side}; got {side}", param=name)
+        if self.max_pixels is not None and width * height > self.max_pixels:
+            raise RequestRejected(
+                f"{width}x{height} is {width * height} pixels; at most {self.max_pixels} are accepted", param="width"
+            )
         if not 1 <= n <= MAX_IMAGES:
             raise RequestRejected(f"n must be between 1 and {MAX_IMAGES}; got {n}", param="n")
+        if seed is not None and seed + n - 1 >= 2**64:
+            raise RequestRejected(f"seed + n - 1 must stay below 2**64; got seed {seed} and n {n}", param="seed")
+        if index_offset + n - 1 >= 2**32:
+            raise RequestRejected(f"index_offset + n - 1 must stay below 2**32; got {index_offset}", param="index_offset")
         if output_format not in FORMATS:
             raise RequestRejected(f"output_format must be one of {', '.join(FORMATS)}", param="output_format")
         if output_compression is not None:
@@ -215,6 +286,9 @@ class DiTEngine:
 
     # -- running --------------------------------------------------------------------------
 
+    def assembler(self, plan: RenderPlan) -> ConditionAssembler:
+        return ConditionAssembler(plan, self.max_chunk_bytes, self.max_condition_chunks)
+
     def submit(self, plan: RenderPlan, condition: torch.Tensor, uncond: torch.Tensor) -> RenderJob:
         job = RenderJob(plan=plan, condition=condition, uncond=uncond)
         self._jobs.put(job)
@@ -245,8 +319,10 @@ class DiTEngine:
             index = plan.index_offset + i
             seed = plan.seed + i
             t0 = time.perf_counter()
+            n_text = plan.positions["text"]  # job.condition is [text | image] (ConditionAssembler.complete)
             result = self.pipeline.render_latents(
-                condition=job.condition,
+                text_condition=job.condition[:n_text],
+                image_condition=job.condition[n_text:],
                 uncond_condition=job.uncond,
                 width=plan.width,
                 height=plan.height,
@@ -254,6 +330,7 @@ class DiTEngine:
                 steps=steps,
                 guidance=plan.knobs["text_guidance_scale"],
                 cfg_range=tuple(plan.knobs["cfg_range"]),
+                cfg_mode=plan.knobs.get("cfg_execution_mode", "sequential"),
                 on_step=lambda step, total, index=index: job.events.put(Progress(index, "denoise", step, total)),
                 should_stop=job.cancelled.is_set,
             )

@@ -21,6 +21,8 @@ from dit_service.engine import ConditionAssembler, DiTEngine, FinishedImage, Pro
 from dit_service.model.sampler import DenoiseCancelled
 from protos import channels, common_pb2, dit_pb2, dit_pb2_grpc
 from protos.codec import CodecError, decode_tensor
+from servicekit.grpc_guard import MalformedMessage, MalformedRequestInterceptor
+from servicekit.tls import ServerTLS, add_port
 from protos.status import RequestRejected, abort, abort_rejected
 from protos.values import knobs_from_proto, knobs_to_proto
 
@@ -92,7 +94,10 @@ class RendererServicer(dit_pb2_grpc.RendererServicer):
     def Render(self, request_iterator: Iterator[dit_pb2.RenderInput], context: grpc.ServicerContext):
         if self.engine is None:
             abort(context, grpc.StatusCode.UNAVAILABLE, "dit_service is still loading its model")
-        first = next(request_iterator, None)
+        try:
+            first = next(request_iterator, None)
+        except RequestRejected as exc:  # the first message did not decode
+            abort_rejected(context, exc)
         if first is None or first.WhichOneof("input") != "header":
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, "a Render stream must start with a header", param="header")
         try:
@@ -125,11 +130,14 @@ class RendererServicer(dit_pb2_grpc.RendererServicer):
 
     def _receive_condition(self, plan: RenderPlan, request_iterator, context):
         """Reads chunks until the end marker; returns the queued job."""
-        assembler = ConditionAssembler(plan)
+        assembler = self.engine.assembler(plan)
         for message in request_iterator:
             kind = message.WhichOneof("input")
             if kind == "chunk":
                 chunk = message.chunk
+                tensor = chunk.hidden_states
+                kind_name = KIND_NAMES.get(chunk.kind, "unspecified")
+                assembler.precheck(kind_name, chunk.offset, tensor.dtype, list(tensor.shape), len(tensor.data))
                 assembler.add(KIND_NAMES.get(chunk.kind, "unspecified"), chunk.offset, decode_tensor(chunk.hidden_states))
             elif kind == "end":
                 condition, uncond = assembler.complete()
@@ -151,6 +159,9 @@ class RendererServicer(dit_pb2_grpc.RendererServicer):
                     violation.set()
                     job.cancel()
                     return
+            except MalformedMessage:  # an undecodable message after the end marker: a violation too
+                violation.set()
+                job.cancel()
             except Exception:  # the stream ended with the RPC; nothing to report
                 pass
 
@@ -174,15 +185,28 @@ class DiTServer:
 RENDERER_SERVICE = dit_pb2.DESCRIPTOR.services_by_name["Renderer"].full_name
 
 
-def build_server(host: str, port: int, max_workers: int, engine: DiTEngine | None = None) -> DiTServer:
+def build_server(
+    host: str,
+    port: int,
+    max_workers: int,
+    engine: DiTEngine | None = None,
+    *,
+    tls: ServerTLS | None = None,
+    max_concurrent_streams: int = channels.DEFAULT_MAX_CONCURRENT_STREAMS,
+    max_receive_message_bytes: int = channels.MAX_MESSAGE_BYTES,
+) -> DiTServer:
     """A bound, not yet started server reporting NOT_SERVING until ``set_serving(True)``."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=channels.server_options())
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers),
+        options=channels.server_options(max_concurrent_streams, max_receive_message_bytes),
+        interceptors=[MalformedRequestInterceptor()],
+    )
     servicer = RendererServicer(engine)
     dit_pb2_grpc.add_RendererServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((RENDERER_SERVICE, reflection.SERVICE_NAME, health.SERVICE_NAME), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = add_port(server, f"{host}:{port}", tls)
     if bound == 0:
         raise SystemExit(f"dit_service could not listen on {host}:{port}")
     running = DiTServer(server, bound, servicer, health_servicer)

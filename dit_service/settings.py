@@ -16,7 +16,7 @@ class DiTSettings(ServiceSettings):
 
     host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0 in a container)")
     port: int = Field(50052, ge=0, le=65535, description="gRPC port (0 = any free port)")
-    model_dir: Path = Field(Path("models/tiny"), description="pipeline directory holding model_index.json")
+    model_dir: Path = Field(Path("models/tiny"), description="MammothModa2 checkpoint directory (config.json + safetensors)")
     device: str = Field("auto", description="cpu, cuda, cuda:N or auto (CUDA when present)")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="model dtype (auto: bfloat16 on CUDA, float32 on CPU)"
@@ -25,4 +25,24 @@ class DiTSettings(ServiceSettings):
         65_536, ge=1, description="most condition positions one Render may declare (bounds its memory)"
     )
     max_workers: int = Field(32, ge=2, description="gRPC handler threads")
+    random_weights: bool = Field(
+        False,
+        description="build the checkpoint's DiT/VAE/refiner from config.json with random weights straight on the "
+        "device, reading no tensors (benchmarks of a Preview-shaped model)",
+    )
+    # -- limits (issue 6) --
+    max_side: int = Field(4096, ge=16, description="largest width or height one Render may ask for, in pixels")
+    max_pixels: int = Field(4096 * 4096, ge=256, description="largest width * height one Render may ask for")
+    max_chunk_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="largest condition chunk (tensor bytes) a Render stream may send"
+    )
+    max_condition_chunks: int = Field(16_384, ge=1, description="most condition chunks one Render stream may send")
+    max_concurrent_streams: int = Field(256, ge=1, description="most concurrent gRPC streams per client connection")
+    # -- shutdown --
+    shutdown_drain_s: float = Field(0.0, ge=0, description="on SIGTERM, report NOT_SERVING this long before refusing calls")
+    shutdown_grace_s: float = Field(10.0, ge=0, description="on SIGTERM, time in-flight renders get to finish before cancellation")
+    # -- TLS (servicekit/tls.py) --
+    tls_cert_file: Path | None = Field(None, description="PEM certificate chain: serve TLS (with tls_key_file)")
+    tls_key_file: Path | None = Field(None, description="PEM private key of tls_cert_file")
+    tls_client_ca_file: Path | None = Field(None, description="PEM CA: require client certificates it signed (mutual TLS)")
     log_level: str = Field("info", description="debug, info, warning or error")

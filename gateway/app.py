@@ -23,11 +23,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway import errors, translate
+from gateway import errors, schemas, translate
+from gateway.auth import APIKeyMiddleware, load_api_keys
 from gateway.errors import APIError
 from gateway.protocol import ImageGenerationRequest
 from gateway.settings import GatewaySettings
 from protos import ar_pb2, ar_pb2_grpc, channels, common_pb2
+from servicekit.tls import ClientTLS, open_aio_channel
 
 log = logging.getLogger("gateway")
 
@@ -180,11 +182,16 @@ async def _health_status(channel: grpc.aio.Channel) -> str:
 
 def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     settings = settings or GatewaySettings()
+    api_keys = load_api_keys(settings)
+    tls = ClientTLS(
+        settings.grpc_tls_ca_file, settings.grpc_tls_cert_file, settings.grpc_tls_key_file, settings.grpc_tls_server_name
+    )
+    tls.credentials()  # a TLS setting that cannot work fails here, at start, not on the first request
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        ar_channel = grpc.aio.insecure_channel(settings.ar_address, options=channels.channel_options())
-        dit_channel = grpc.aio.insecure_channel(settings.dit_address, options=channels.channel_options())
+        ar_channel = open_aio_channel(settings.ar_address, tls, channels.channel_options())
+        dit_channel = open_aio_channel(settings.dit_address, tls, channels.channel_options())
         app.state.ar_channel = ar_channel
         app.state.dit_channel = dit_channel
         app.state.generator = ar_pb2_grpc.ImageGeneratorStub(ar_channel)
@@ -202,6 +209,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     errors.install(app)
+    app.add_middleware(APIKeyMiddleware, keys=api_keys)  # inside GatewayMiddleware: 401s are logged too
     app.add_middleware(GatewayMiddleware, max_body_bytes=settings.max_body_bytes)
 
     body_schema = ImageGenerationRequest.model_json_schema()
@@ -209,6 +217,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     @app.post(
         "/v1/images/generations",
         openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": body_schema}}}},
+        responses=schemas.GENERATION_RESPONSES,
     )
     async def generate_images(request: Request) -> JSONResponse:
         started = time.perf_counter()
@@ -246,12 +255,12 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         content["timings"]["gateway_ms"] = round((time.perf_counter() - started) * 1000 - grpc_ms, 3)
         return JSONResponse(content)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=schemas.MODELS_RESPONSES)
     async def list_models(request: Request) -> JSONResponse:
         reply = await request.app.state.generator.ListModels(ar_pb2.ListModelsRequest(), timeout=LIST_MODELS_TIMEOUT_S)
         return JSONResponse(translate.models_to_openai(reply))
 
-    @app.get("/v1/models/{model_id:path}")
+    @app.get("/v1/models/{model_id:path}", responses=schemas.MODEL_RESPONSES)
     async def get_model(model_id: str, request: Request) -> JSONResponse:
         reply = await request.app.state.generator.ListModels(ar_pb2.ListModelsRequest(), timeout=LIST_MODELS_TIMEOUT_S)
         for card in reply.models:
@@ -260,7 +269,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         served = ", ".join(card.id for card in reply.models) or "none"
         raise APIError(404, f"model {model_id!r} not found; served: {served}", "model", "model_not_found")
 
-    @app.get("/health")
+    @app.get("/health", responses=schemas.HEALTH_RESPONSES)
     async def health(request: Request) -> JSONResponse:
         ar, dit = await asyncio.gather(
             _health_status(request.app.state.ar_channel), _health_status(request.app.state.dit_channel)

@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 
 # Condition chunks stay well under gRPC's 4 MiB default message size.
 MAX_CHUNK_BYTES = 3 * 1024 * 1024
+# No ardit tensor has more dimensions; torch refuses over 64 and overflows its strides on huge empty shapes.
+MAX_DIMS = 8
+_MAX_EXTENT = 2**62
 
 _ITEMSIZE = {
     "bfloat16": 2,
@@ -71,8 +74,12 @@ def decode_tensor(message: common_pb2.Tensor) -> "torch.Tensor":
     if message.dtype not in _ITEMSIZE:
         raise CodecError(f"unknown tensor dtype {message.dtype!r}; supported: {', '.join(WIRE_DTYPES)}")
     shape = list(message.shape)
+    if len(shape) > MAX_DIMS:
+        raise CodecError(f"tensor shape has {len(shape)} dimensions; at most {MAX_DIMS} are supported")
     if any(dim < 0 for dim in shape):
         raise CodecError(f"tensor shape {shape} has a negative dimension")
+    if math.prod(dim for dim in shape if dim) * _ITEMSIZE[message.dtype] >= _MAX_EXTENT:
+        raise CodecError(f"tensor shape {shape} is too large")
     expected = math.prod(shape) * _ITEMSIZE[message.dtype]
     if len(message.data) != expected:
         raise CodecError(

@@ -146,6 +146,10 @@ MAMMOTHMODA2_KNOBS = KnobTable(
              default=9.0, minimum=0.0, maximum=30.0),
         Knob("cfg_range", "float_pair", "dit", "Guidance applies to steps i with start <= i/N <= end.",
              default=[0.0, 1.0], minimum=0.0, maximum=1.0),
+        Knob("cfg_execution_mode", "string", "dit",
+             "How a guided step runs its two branches: 'sequential' (two transformer calls) or 'packed' (one batch of "
+             "two, the shorter condition padded; same result, exactly so on CPU in float32).",
+             default="sequential", choices=("sequential", "packed")),
         Knob("temperature", "float", "ar", "AR sampling temperature; 0 = greedy. Default: the checkpoint's.",
              minimum=0.0, maximum=2.0),
         Knob("top_k", "int", "ar", "AR top-k over the visual tokens. Default: the checkpoint's.",

@@ -88,8 +88,12 @@ class PipelineCheckpoint:
         return tensors
 
 
-def open_checkpoint(root: Path | str) -> PipelineCheckpoint:
-    """Reads a pipeline directory's config and weight map; anything missing is a clear error."""
+def open_checkpoint(root: Path | str, require_weights: bool = True) -> PipelineCheckpoint:
+    """Reads a pipeline directory's config and weight map; anything missing is a clear error.
+
+    ``require_weights=False`` accepts a directory without safetensors (empty weight map): the random-weight
+    benchmark mode needs only config.json, the tokenizer and the t2i config.
+    """
     root = Path(root).resolve()
     config_path = root / CONFIG_FILE
     if not config_path.is_file():
@@ -100,7 +104,9 @@ def open_checkpoint(root: Path | str) -> PipelineCheckpoint:
     config = json.loads(config_path.read_text())
     if config.get("model_type") not in FAMILIES:
         raise ValueError(f"{config_path}: model_type {config.get('model_type')!r} is not served; known: {', '.join(FAMILIES)}")
-    return PipelineCheckpoint(root=root, config=config, serving=_read_serving(root), weight_map=_weight_map(root))
+    has_weights = (root / WEIGHTS_INDEX).is_file() or (root / SINGLE_WEIGHTS).is_file()
+    weight_map = _weight_map(root) if require_weights or has_weights else {}
+    return PipelineCheckpoint(root=root, config=config, serving=_read_serving(root), weight_map=weight_map)
 
 
 def _read_serving(root: Path) -> ServingDefaults:

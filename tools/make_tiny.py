@@ -1,41 +1,69 @@
-"""Writes the tiny MammothModa2-family pipeline that tests, CI and `make up` run on the CPU.
+"""Writes MammothModa2-layout pipeline directories: the tiny model, or a Preview-shaped skeleton.
 
-Usage: ``python -m tools.make_tiny DIR``. Deterministic: the same command writes the same
-bytes. The directory is written beside DIR and renamed into place, so an interrupted run
-never leaves a half-written model behind.
+``python -m tools.make_tiny DIR`` writes the tiny model that tests, CI and `make up` run on the
+CPU: a complete upstream-layout checkpoint (config.json, t2i_generation_config.json, tokenizer,
+model.safetensors with llm_model. / gen_transformer. / gen_vae. tensors) of a few MB, byte for byte
+the same on every run. ``--preview`` writes a Preview-shaped directory without weights (configs and
+tokenizer only) for services started with ``--random-weights``, which build the weights on the GPU.
+
+The directory is written beside DIR and renamed into place, so an interrupted run never leaves a
+half-written model behind.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import tempfile
 from pathlib import Path
 
 from transformers.utils import logging as transformers_logging
 
-from ar_service.model.tiny import TINY_HIDDEN_SIZE, write_tiny_ar
-from dit_service.model.pipeline import DiTPipeline
-from dit_service.model.tiny import write_tiny_dit_stack
-from servicekit.model_index import write_model_index
+from ar_service.model.tiny import (
+    TINY_HIDDEN_SIZE,
+    preview_llm_config,
+    tiny_llm_parts,
+    write_preview_tokenizer_and_t2i,
+    write_tiny_tokenizer_and_t2i,
+)
+from dit_service.model.pipeline import preview_gen_parts
+from dit_service.model.tiny import tiny_gen_parts
+from servicekit.checkpoint import CONFIG_FILE, ServingDefaults, save_tensors, write_serving_defaults
 
 # 256x256 keeps a CPU request around a second; 512 caps it at a few seconds.
-TINY_DEFAULT_SIZE = (256, 256)
-TINY_MAX_SIDE = 512
+TINY_SERVING = ServingDefaults(default_width=256, default_height=256, max_side=512, pixels_per_token=16)
+PREVIEW_HIDDEN_SIZE = 3584
 
 
-def make_tiny(target: Path) -> None:
+def _write_config(root: Path, llm_config: dict, gen_parts: dict) -> None:
+    config = {"model_type": "mammothmoda2", "architectures": ["Mammothmoda2Model"], "llm_config": llm_config, **gen_parts}
+    (root / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def write_tiny(root: Path) -> None:
+    llm_config, ar_tensors = tiny_llm_parts()
+    gen_parts, gen_tensors = tiny_gen_parts(TINY_HIDDEN_SIZE)
+    _write_config(root, llm_config, gen_parts)
+    save_tensors(root, {**ar_tensors, **gen_tensors})
+    write_tiny_tokenizer_and_t2i(root)
+    write_serving_defaults(root, TINY_SERVING)
+
+
+def write_preview_skeleton(root: Path) -> None:
+    _write_config(root, preview_llm_config(), preview_gen_parts(PREVIEW_HIDDEN_SIZE))
+    write_preview_tokenizer_and_t2i(root)
+    write_serving_defaults(root, ServingDefaults())
+
+
+def _write_atomically(target: Path, writer) -> None:
     transformers_logging.disable_progress_bar()
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     staging.chmod(0o755)
     try:
-        write_tiny_ar(staging / "ar")
-        write_tiny_dit_stack(staging, condition_dim=TINY_HIDDEN_SIZE)
-        # The DiT stack decides its own size granularity (VAE downsampling x patch size).
-        size_multiple = DiTPipeline.from_directory(staging).size_multiple
-        write_model_index(staging, "mammothmoda2", TINY_DEFAULT_SIZE, TINY_MAX_SIDE, size_multiple)
+        writer(staging)
         if target.exists():
             shutil.rmtree(target)
         staging.rename(target)
@@ -44,12 +72,27 @@ def make_tiny(target: Path) -> None:
         raise
 
 
+def make_tiny(target: Path) -> None:
+    _write_atomically(target, write_tiny)
+
+
+def make_preview_skeleton(target: Path) -> None:
+    _write_atomically(target, write_preview_skeleton)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tools.make_tiny", description=__doc__.splitlines()[0])
     parser.add_argument("directory", type=Path, help="where to write the pipeline (replaced if present)")
+    parser.add_argument(
+        "--preview", action="store_true", help="write a Preview-shaped directory without weights (for --random-weights)"
+    )
     args = parser.parse_args(argv)
-    make_tiny(args.directory)
-    print(f"tiny pipeline written to {args.directory}")
+    if args.preview:
+        make_preview_skeleton(args.directory)
+        print(f"Preview-shaped skeleton (no weights) written to {args.directory}")
+    else:
+        make_tiny(args.directory)
+        print(f"tiny pipeline written to {args.directory}")
 
 
 if __name__ == "__main__":

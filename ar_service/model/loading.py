@@ -1,53 +1,180 @@
-"""Load an AR directory in Hugging Face layout: local files only, safetensors only, no remote code."""
+"""Load the AR of a MammothModa2 checkpoint directory: local files only, safetensors only, strict keys.
+
+The AR's tensors are the checkpoint's ``llm_model.*`` (bytedance/mammothmoda ``modeling_mammothmoda2.py``:
+``Mammothmoda2Model.llm_model``; vllm-omni's ``MammothModa2ARForConditionalGeneration.hf_to_vllm_mapper`` maps
+the same names). Every one of them must be a parameter of ``MammothModa2AR`` or lie under the vision tower
+(``llm_model.model.visual.``), which text-to-image never runs and which is therefore neither allocated nor read;
+every parameter must be present. Anything else fails the load, naming the keys.
+"""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import PreTrainedTokenizerFast
-from transformers.utils import logging as transformers_logging
 
-from ar_service.model.configuration import MammothARConfig
-from ar_service.model.modeling import MammothARModel
+from ar_service.model.configuration import ARConfig, ar_config_from_dict
+from ar_service.model.modeling import MammothModa2AR
 from ar_service.model.t2i_config import T2I_CONFIG_NAME, T2IGenerationConfig
+from servicekit.checkpoint import PipelineCheckpoint, open_checkpoint
 
-REQUIRED_FILES = ("config.json", "tokenizer.json", T2I_CONFIG_NAME)
+log = logging.getLogger(__name__)
+
+LLM_PREFIX = "llm_model."
+# Keys under llm_model. that exist in the checkpoint but that the AR stage deliberately does not build.
+SKIPPED_PREFIXES = ("model.visual.",)
+# What the AR reads (relative to llm_model.): the decoder and both heads.
+AR_PREFIXES = ("model.language_model.", "lm_head.", "gen_head.")
 
 
 @dataclass
 class LoadedAR:
-    model: MammothARModel
+    model: MammothModa2AR
     tokenizer: PreTrainedTokenizerFast
     t2i: T2IGenerationConfig
-    config: MammothARConfig
+    config: ARConfig
+    checkpoint: PipelineCheckpoint
 
 
-def load_ar(directory: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> LoadedAR:
-    """Fail loudly (with the path) on anything missing rather than half-initialising weights."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"AR model directory {directory} does not exist")
-    for name in REQUIRED_FILES:
-        if not (directory / name).is_file():
-            raise FileNotFoundError(f"AR model directory {directory} lacks {name}")
-    if not any(directory.glob("*.safetensors")):
-        raise FileNotFoundError(f"AR model directory {directory} has no .safetensors weights")
+class CheckpointMismatch(ValueError):
+    """The checkpoint's tensors and the model's parameters disagree; the message names the keys."""
+
+
+def key_report(expected: set[str], found: set[str]) -> tuple[list[str], list[str], list[str]]:
+    """(missing, unexpected, skipped): names relative to ``llm_model.``."""
+    skipped = sorted(k for k in found if k.startswith(SKIPPED_PREFIXES))
+    rest = found.difference(skipped)
+    return sorted(expected - rest), sorted(rest - expected), skipped
+
+
+def _describe(names: list[str], limit: int = 12) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
+
+
+def build_ar(config: ARConfig, device: str | torch.device = "meta", dtype: torch.dtype = torch.float32) -> MammothModa2AR:
+    """The module tree with uninitialised storage (on ``meta`` by default: no memory at all)."""
+    with torch.device("meta"):
+        model = MammothModa2AR(config).to(dtype)
+    if torch.device(device).type != "meta":
+        model = model.to_empty(device=device)
+        model.model.language_model.reset_rope(torch.device(device))
+    return model
+
+
+@torch.no_grad()
+def init_random_(model: MammothModa2AR, seed: int = 0) -> MammothModa2AR:
+    """Random init in place on the model's device (normal(0, initializer_range) weights, zero biases, unit norms),
+    as upstream ``_init_weights`` does; deterministic for a seed on a given device."""
+    std = model.config.initializer_range
+    generator = torch.Generator(device=model.device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
+            param.fill_(1.0)
+        elif name.endswith(".bias"):
+            param.zero_()
+        else:
+            param.normal_(0.0, std, generator=generator)
+    return model
+
+
+def build_random_ar(
+    config: ARConfig | dict, device: str | torch.device, dtype: torch.dtype = torch.bfloat16, seed: int = 0
+) -> MammothModa2AR:
+    """Preview-shaped (or any) AR with random weights, allocated straight on ``device``: no CPU round trip.
+
+    ``config`` is an ``ARConfig`` or an ``llm_config`` dict (e.g. ``tiny.preview_llm_config()``).
+    """
+    if isinstance(config, dict):
+        config = ar_config_from_dict({"model_type": "mammothmoda2", "llm_config": config})
+    return init_random_(build_ar(config, device, dtype), seed).eval()
+
+
+def load_ar_weights(checkpoint: PipelineCheckpoint, config: ARConfig, device, dtype) -> MammothModa2AR:
+    """Strict load of ``llm_model.*``: the key check runs on names before a single tensor is read."""
+    model = build_ar(config, "meta", dtype)
+    expected = set(model.state_dict())
+    found = {name[len(LLM_PREFIX):] for name in checkpoint.tensor_names(LLM_PREFIX)}
+    missing, unexpected, skipped = key_report(expected, found)
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing {len(missing)}: {_describe(missing)}")
+        if unexpected:
+            parts.append(f"unexpected {len(unexpected)}: {_describe(unexpected)}")
+        raise CheckpointMismatch(
+            f"AR weights in {checkpoint.root} do not match llm_config (moe_type {config.moe_type!r}, "
+            f"{config.num_hidden_layers} layers): " + "; ".join(f"{LLM_PREFIX}* {p}" for p in parts)
+        )
+    if skipped:
+        log.info("not loading %d vision-tower tensors under %smodel.visual. (not used for text-to-image)", len(skipped), LLM_PREFIX)
+    # Read only what the AR uses: the language model and both heads, not the vision tower.
+    tensors: dict[str, torch.Tensor] = {}
+    for sub in AR_PREFIXES:
+        for name, tensor in checkpoint.load_tensors(f"{LLM_PREFIX}{sub}", device, dtype).items():
+            tensors[f"{sub}{name}"] = tensor
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and tensor.dtype != dtype:
+            tensors[name] = tensor.to(dtype)
+    shapes = model.state_dict()
+    bad = [f"{n} {tuple(t.shape)} != {tuple(shapes[n].shape)}" for n, t in tensors.items() if t.shape != shapes[n].shape]
+    if bad:
+        raise CheckpointMismatch(f"AR weights in {checkpoint.root} have the wrong shapes: {_describe(sorted(bad))}")
+    model.load_state_dict(tensors, strict=True, assign=True)
+    model.model.language_model.reset_rope(torch.device(device))
+    return model.eval()
+
+
+def load_tokenizer(root: Path) -> PreTrainedTokenizerFast:
+    if not (Path(root) / "tokenizer.json").is_file():
+        if (Path(root) / "mammothu.tiktoken").is_file():
+            raise FileNotFoundError(
+                f"{root} ships the MammothU tiktoken tokenizer (mammothu.tiktoken) but no tokenizer.json; "
+                "ardit loads fast tokenizers only: convert it to tokenizer.json first"
+            )
+        raise FileNotFoundError(f"{root} has no tokenizer.json")
+    return PreTrainedTokenizerFast.from_pretrained(str(root), local_files_only=True)
+
+
+def load_ar(
+    source: PipelineCheckpoint | str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    random_weights: bool = False,
+    seed: int = 0,
+) -> LoadedAR:
+    """Config, tokenizer and t2i config from the checkpoint root; weights from its safetensors, or random.
+
+    With ``random_weights`` the directory needs only config.json, the tokenizer and the t2i config.
+    """
+    from transformers.utils import logging as transformers_logging
+
     transformers_logging.disable_progress_bar()  # service logs, not a terminal
-    model, info = MammothARModel.from_pretrained(
-        str(directory), local_files_only=True, use_safetensors=True, dtype=dtype, output_loading_info=True
-    )
-    problems = {k: sorted(v) for k, v in info.items() if k != "error_msgs" and v}
-    if problems or info.get("error_msgs"):
-        raise ValueError(f"weights in {directory} do not match the model: {problems or info['error_msgs']}")
-    model = model.to(device).eval()
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(directory), local_files_only=True)
-    t2i = T2IGenerationConfig.load(directory)
-    config = model.config
-    if len(tokenizer) != config.total_vocab_size:
-        raise ValueError(f"tokenizer in {directory} has {len(tokenizer)} ids, model expects {config.total_vocab_size}")
-    for name in ("eol_token_id", "visual_token_start_id", "visual_token_end_id"):
-        if not config.gen_vocab_start_index <= getattr(t2i, name) < config.total_vocab_size:
-            raise ValueError(f"{T2I_CONFIG_NAME} in {directory}: {name} lies outside the generation vocabulary")
-    return LoadedAR(model=model, tokenizer=tokenizer, t2i=t2i, config=config)
+    checkpoint = source if isinstance(source, PipelineCheckpoint) else open_checkpoint(source, require_weights=not random_weights)
+    config = ar_config_from_dict(checkpoint.config)
+    t2i = T2IGenerationConfig.load(checkpoint.root)
+    tokenizer = load_tokenizer(checkpoint.root)
+    _check_ids(checkpoint.root, config, t2i, tokenizer)
+    if t2i.repetition_penalty != 1.0:
+        log.warning("%s sets repetition_penalty %s; ardit does not apply it", T2I_CONFIG_NAME, t2i.repetition_penalty)
+    if random_weights:
+        model = build_random_ar(config, device, dtype, seed)
+    else:
+        model = load_ar_weights(checkpoint, config, device, dtype)
+    return LoadedAR(model=model, tokenizer=tokenizer, t2i=t2i, config=config, checkpoint=checkpoint)
+
+
+def _check_ids(root: Path, config: ARConfig, t2i: T2IGenerationConfig, tokenizer: PreTrainedTokenizerFast) -> None:
+    if len(tokenizer) > config.total_vocab_size:
+        raise ValueError(f"tokenizer in {root} has {len(tokenizer)} ids; the model has {config.total_vocab_size}")
+    start, total = config.gen_vocab_start_index, config.total_vocab_size
+    if not start <= t2i.eol_token_id < total:
+        raise ValueError(f"{T2I_CONFIG_NAME} in {root}: eol_token_id lies outside the generation vocabulary")
+    if not (start <= t2i.visual_token_start_id and t2i.visual_token_end_id <= total):
+        raise ValueError(f"{T2I_CONFIG_NAME} in {root}: visual tokens lie outside the generation vocabulary")
+    for token in ("<|image start|>", "<|image token|>", "<|im_start|>", "<|im_end|>"):
+        if tokenizer.convert_tokens_to_ids(token) in (None, tokenizer.unk_token_id):
+            raise ValueError(f"tokenizer in {root} lacks {token}, which the T2I prompt needs")

@@ -1,27 +1,33 @@
-"""MammothModa2-style AR: a Qwen2 decoder whose generation-vocabulary positions use expert weights.
+"""MammothModa2's AR: a Qwen2.5 text decoder whose generation-vocabulary positions use expert weights.
 
-Routing is by INPUT token id (hard router, bytedance/mammothmoda): ids >= gen_vocab_start_index take
-`gen_embed_tokens`, `gen_mlp` and/or `gen_{q,k,v,o}_proj` (per moe_type and its layer range); text ids
-take the ordinary Qwen2 weights. Logits are [lm_head | gen_head] concatenated over the total vocabulary.
+Facts followed (bytedance/mammothmoda ``mammothmoda2/model/mammothmoda2_qwen2_5_vl/modeling_mammothmoda2_qwen2_5_vl.py``,
+``Mammothmoda2Qwen2_5_VLForConditionalGeneration`` / ``Qwen2_5_VLModel`` / ``Qwen2_5_VLTextModel``):
+
+- Module tree (so that the checkpoint's tensors under ``llm_model.`` load by name): ``model.language_model``
+  holds ``embed_tokens`` (text vocab rows), ``gen_embed_tokens`` (gen vocab rows), ``layers.N`` and ``norm``;
+  ``lm_head`` (text vocab) and ``gen_head`` (gen vocab) sit beside ``model``; the vision tower
+  ``model.visual`` is not built here (text-to-image never runs it; the loader skips its keys explicitly).
+- Layer N: ``input_layernorm``, ``self_attn.{q,k,v}_proj`` (bias), ``self_attn.o_proj`` (no bias),
+  ``post_attention_layernorm``, ``mlp.{gate,up,down}_proj`` (no bias); experts per ``moe_type`` are
+  ``gen_mlp.*`` and ``self_attn.gen_{q,k,v,o}_proj`` (same shapes and biases as their text twins).
+- Hard routing: ``gen_token_mask = input_ids >= gen_vocab_start_index``; masked positions take the gen
+  embedding and, on expert layers, the gen weights; others the text weights (upstream ``moe_forward``).
+- Logits: ``cat([lm_head(h), gen_head(h)], -1)`` over the final-normed hidden state.
+- RoPE: Qwen2.5-VL's multimodal RoPE with three identical position streams for pure text (upstream
+  ``get_rope_index`` without images), which equals ordinary 1-D RoPE with ``rope_theta``; cos/sin are
+  computed in float32 and cast to the activation dtype, as upstream's rotary embedding does.
+- RMSNorm: float32 variance, ``weight * normed.to(input_dtype)`` (upstream ``Qwen2RMSNorm``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
-from transformers.models.qwen2.modeling_qwen2 import (
-    Qwen2MLP,
-    Qwen2RMSNorm,
-    Qwen2RotaryEmbedding,
-    apply_rotary_pos_emb,
-)
 
-from ar_service.model.configuration import MammothARConfig
+from ar_service.model.configuration import ARConfig
 
 
 class KVCache:
@@ -57,9 +63,36 @@ class KVCache:
         self.length += tokens
 
 
-def _route(x: torch.Tensor, route: str, is_gen: torch.Tensor, text_fn: Callable, gen_fn: Callable) -> torch.Tensor:
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class MLP(nn.Module):
+    """Qwen2 SwiGLU MLP (no biases)."""
+
+    def __init__(self, config: ARConfig) -> None:
+        super().__init__()
+        h, f = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(h, f, bias=False)
+        self.up_proj = nn.Linear(h, f, bias=False)
+        self.down_proj = nn.Linear(f, h, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _route(x: torch.Tensor, route: str, is_gen: torch.Tensor, text_fn: Callable, gen_fn: Callable | None) -> torch.Tensor:
     """Hard routing per position; the all-text / all-gen fast paths avoid gathers during decode."""
-    if route == "text":
+    if gen_fn is None or route == "text":
         return text_fn(x)
     if route == "gen":
         return gen_fn(x)
@@ -70,42 +103,38 @@ def _route(x: torch.Tensor, route: str, is_gen: torch.Tensor, text_fn: Callable,
     return out
 
 
-def _projections(config: MammothARConfig, prefix: str = "") -> dict[str, nn.Linear]:
-    h, d = config.hidden_size, config.head_dim
-    return {
-        f"{prefix}q_proj": nn.Linear(h, config.num_attention_heads * d, bias=True),
-        f"{prefix}k_proj": nn.Linear(h, config.num_key_value_heads * d, bias=True),
-        f"{prefix}v_proj": nn.Linear(h, config.num_key_value_heads * d, bias=True),
-        f"{prefix}o_proj": nn.Linear(config.num_attention_heads * d, h, bias=False),
-    }
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-class MammothAttention(nn.Module):
+class Attention(nn.Module):
     """Qwen2 GQA attention (q/k/v biased, o unbiased) with optional generation-expert projections."""
 
-    def __init__(self, config: MammothARConfig, layer_idx: int, experts: bool) -> None:
+    def __init__(self, config: ARConfig, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-        self.experts = experts
-        for name, linear in _projections(config).items():
-            setattr(self, name, linear)
-        if experts:
-            for name, linear in _projections(config, "gen_").items():
-                setattr(self, name, linear)
+        h, q, kv = config.hidden_size, config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
+        self.experts = config.moe.enabled("attention", layer_idx)
+        prefixes = ("", "gen_") if self.experts else ("",)
+        for p in prefixes:
+            setattr(self, f"{p}q_proj", nn.Linear(h, q, bias=True))
+            setattr(self, f"{p}k_proj", nn.Linear(h, kv, bias=True))
+            setattr(self, f"{p}v_proj", nn.Linear(h, kv, bias=True))
+            setattr(self, f"{p}o_proj", nn.Linear(q, h, bias=False))
 
     def _proj(self, name: str, x: torch.Tensor, route: str, is_gen: torch.Tensor) -> torch.Tensor:
-        text = getattr(self, name)
-        if not self.experts:
-            return text(x)
-        return _route(x, route, is_gen, text, getattr(self, f"gen_{name}"))
+        gen = getattr(self, f"gen_{name}") if self.experts else None
+        return _route(x, route, is_gen, getattr(self, name), gen)
 
     def forward(self, x, cos, sin, route, is_gen, cache: KVCache | None) -> torch.Tensor:
         b, t, _ = x.shape
         q = self._proj("q_proj", x, route, is_gen).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = self._proj("k_proj", x, route, is_gen).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self._proj("v_proj", x, route, is_gen).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
         past = 0 if cache is None else cache.length
         if cache is not None:
             k, v = cache.append(self.layer_idx, k, v)
@@ -121,77 +150,110 @@ class MammothAttention(nn.Module):
         return self._proj("o_proj", out, route, is_gen)
 
 
-class MammothDecoderLayer(nn.Module):
-    """Pre-norm Qwen2 block; `gen_mlp` exists only on layers the moe_type range selects."""
+class DecoderLayer(nn.Module):
+    """Pre-norm Qwen2 block; ``gen_mlp`` exists only on layers the moe_type range selects."""
 
-    def __init__(self, config: MammothARConfig, layer_idx: int) -> None:
+    def __init__(self, config: ARConfig, layer_idx: int) -> None:
         super().__init__()
-        moe, in_range = config.moe, layer_idx in config.moe_layers
-        self.self_attn = MammothAttention(config, layer_idx, experts=in_range and moe.attention)
-        self.mlp = Qwen2MLP(config)
-        self.gen_mlp = Qwen2MLP(config) if in_range and moe.ffn else None
-        self.input_layernorm = Qwen2RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = Qwen2RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.self_attn = Attention(config, layer_idx)
+        self.mlp = MLP(config)
+        self.gen_mlp = MLP(config) if config.moe.enabled("ffn", layer_idx) else None
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, x, cos, sin, route, is_gen, cache) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, route, is_gen, cache)
-        h = self.post_attention_layernorm(x)
-        if self.gen_mlp is None:
-            return x + self.mlp(h)
-        return x + _route(h, route, is_gen, self.mlp, self.gen_mlp)
+        return x + _route(self.post_attention_layernorm(x), route, is_gen, self.mlp, self.gen_mlp)
 
 
-class MammothDecoder(nn.Module):
-    """Embeddings (text + gen), decoder layers and final norm; parameter names follow Qwen2's `model.*`."""
+class TextModel(nn.Module):
+    """``llm_model.model.language_model``: embeddings (text + gen), decoder layers, final norm."""
 
-    def __init__(self, config: MammothARConfig) -> None:
+    def __init__(self, config: ARConfig) -> None:
         super().__init__()
-        self.gen_start = config.gen_vocab_start_index
+        self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.gen_embed_tokens = nn.Embedding(config.gen_vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(MammothDecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = Qwen2RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        # Qwen2RotaryEmbedding reads rope settings from a v5-style `rope_parameters` dict.
-        rope_view = SimpleNamespace(
-            rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
-            max_position_embeddings=config.max_position_embeddings,
-            hidden_size=config.hidden_size,
-            num_attention_heads=config.num_attention_heads,
-            head_dim=config.head_dim,
-        )
-        self.rotary_emb = Qwen2RotaryEmbedding(rope_view)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.register_buffer("inv_freq", self._inv_freq(), persistent=False)
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        is_gen = input_ids >= self.gen_start
+    def _inv_freq(self) -> torch.Tensor:
+        d = self.config.head_dim
+        return 1.0 / (self.config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+
+    def reset_rope(self, device: torch.device) -> None:
+        """Recompute the (non-persistent) RoPE buffer, e.g. after building on the meta device."""
+        self.inv_freq = self._inv_freq().to(device)
+
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: KVCache | None, keep: tuple[int, ...] | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (final-normed hidden states, condition states).
+
+        Condition states are the final-normed states, or, when ``keep`` lists indices into the Hugging Face
+        ``output_hidden_states`` tuple (entry i < N = input of layer i, entry N = final norm), their mean
+        (bytedance/mammothmoda ``mamoda2/mammothmoda2/utils/t2i_utils.py`` ``encode_full_prompts``:
+        ``torch.stack([hidden_states[i] for i in gen_condition_layers]).mean(0)``).
+        """
+        start = self.config.gen_vocab_start_index
+        is_gen = input_ids >= start
         text_ids = input_ids.clamp(0, self.embed_tokens.num_embeddings - 1)
-        gen_ids = (input_ids - self.gen_start).clamp(0, self.gen_embed_tokens.num_embeddings - 1)
+        gen_ids = (input_ids - start).clamp(0, self.gen_embed_tokens.num_embeddings - 1)
         x = torch.where(is_gen[..., None], self.gen_embed_tokens(gen_ids), self.embed_tokens(text_ids))
         # One host sync per forward decides the routing path for every layer.
         n_gen = int(is_gen.sum())
         route = "text" if n_gen == 0 else "gen" if n_gen == is_gen.numel() else "mixed"
-        cos, sin = self.rotary_emb(x, position_ids)
-        for layer in self.layers:
+        freqs = position_ids[..., None].float() * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [B, 1, T, D]
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        n = len(self.layers)
+        wanted = None if keep is None else {i % (n + 1) for i in keep}
+        kept: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            if wanted is not None and i in wanted:
+                kept[i] = x
             x = layer(x, cos, sin, route, is_gen, cache)
         if cache is not None:
             cache.advance(input_ids.shape[1])
-        return self.norm(x)
+        final = self.norm(x)
+        if keep is None:
+            return final, final
+        kept[n] = final
+        return final, torch.stack([kept[i % (n + 1)] for i in keep], dim=0).mean(dim=0)
 
 
-class MammothARModel(PreTrainedModel):
-    """The whole AR: decoder + text head + generation head."""
+class VLModel(nn.Module):
+    """``llm_model.model``: only its ``language_model`` is built (the ``visual`` tower is not needed for T2I)."""
 
-    config_class = MammothARConfig
-    config: MammothARConfig
-    base_model_prefix = "model"
-    main_input_name = "input_ids"
-    _no_split_modules = ["MammothDecoderLayer"]
+    def __init__(self, config: ARConfig) -> None:
+        super().__init__()
+        self.language_model = TextModel(config)
 
-    def __init__(self, config: MammothARConfig) -> None:
-        super().__init__(config)
-        self.model = MammothDecoder(config)
+
+class MammothModa2AR(nn.Module):
+    """``llm_model``: the whole AR (decoder + text head + generation head); state-dict keys = checkpoint keys
+    with the ``llm_model.`` prefix stripped (vision tower excepted)."""
+
+    def __init__(self, config: ARConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = VLModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.gen_head = nn.Linear(config.hidden_size, config.gen_vocab_size, bias=False)
-        self.post_init()
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def logits(self, hidden: torch.Tensor, t2i: bool = True) -> torch.Tensor:
+        """Float32 logits over [text | gen] vocab; non-T2I requests never see the generation vocabulary."""
+        logits = torch.cat([self.lm_head(hidden), self.gen_head(hidden)], dim=-1).float()
+        return mask_generation_vocab(logits, self.config.gen_vocab_start_index, t2i)
 
     def forward(
         self,
@@ -199,16 +261,43 @@ class MammothARModel(PreTrainedModel):
         position_ids: torch.Tensor | None = None,
         cache: KVCache | None = None,
         num_logits: int | None = None,
+        t2i: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (float32 logits over text+gen vocab, final-norm hidden states).
+        """Returns (float32 logits over text+gen vocab, condition hidden states [B, T, H]).
 
-        `num_logits` keeps only the last n positions' logits (prefill needs just the last one).
+        The condition states are the final-normed hidden states (Preview), or the configured layer
+        average (``gen_condition_layers``, Dev). ``num_logits`` keeps only the last n positions' logits.
         """
         if position_ids is None:
             past = 0 if cache is None else cache.length
             position_ids = torch.arange(past, past + input_ids.shape[1], device=input_ids.device)
             position_ids = position_ids.unsqueeze(0).expand(input_ids.shape[0], -1)
-        hidden = self.model(input_ids, position_ids, cache)
-        h = hidden if num_logits is None else hidden[:, -num_logits:]
-        logits = torch.cat([self.lm_head(h), self.gen_head(h)], dim=-1).float()
-        return logits, hidden
+        final, condition = self.model.language_model(input_ids, position_ids, cache, self.config.condition_layers)
+        h = final if num_logits is None else final[:, -num_logits:]
+        return self.logits(h, t2i=t2i), condition
+
+
+def mask_generation_vocab(logits: torch.Tensor, gen_vocab_start_index: int, t2i: bool) -> torch.Tensor:
+    """Non-T2I requests may not sample generation-vocabulary ids: set them to -inf (in place).
+
+    vllm-omni ``vllm_omni/model_executor/models/mammoth_moda2/mammoth_moda2_ar.py``
+    ``_apply_t2i_token_constraints``: ``logits[i, base_vocab_size:] = -inf`` for every non-"t2i" task.
+    """
+    if not t2i:
+        logits[..., gen_vocab_start_index:] = float("-inf")
+    return logits
+
+
+def count_parameters(config: ARConfig) -> dict[str, int]:
+    """Parameter counts of the AR the config describes, computed analytically (no allocation)."""
+    h, f, n = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
+    attn = (h * q + q) + 2 * (h * kv + kv) + q * h
+    mlp = 3 * h * f
+    moe = config.moe
+    ffn_experts = len(moe.layers(n, "ffn"))
+    attn_experts = len(moe.layers(n, "attention"))
+    dense = n * (attn + mlp + 2 * h) + h + 2 * config.vocab_size * h
+    experts = ffn_experts * mlp + attn_experts * attn
+    gen_vocab = 2 * config.gen_vocab_size * h
+    return {"dense": dense, "experts": experts, "gen_vocab": gen_vocab, "total": dense + experts + gen_vocab}

@@ -1,61 +1,230 @@
-"""The tiny MammothModa2-family AR used by tests, CI and `make up` on the CPU (random weights, ~0.6 MB)."""
+"""The AR parts of the tiny and the Preview-shaped MammothModa2 checkpoints, in the upstream layout.
+
+The tiny model (tests, CI, ``make up``) is the real layout at toy size: ``llm_config`` with upstream field names,
+tensors under ``llm_model.`` (a stub vision tower included, so the loader's skip path is exercised), tokenizer files
+and ``t2i_generation_config.json`` at the root. ``tools/make_tiny.py`` assembles the root from these parts and
+the DiT engineer's ``gen_*`` parts; ``write_ar_only_root`` builds a root with only the AR (for tests).
+
+The Preview shapes (``preview_llm_config``) are Qwen2.5-VL-7B's text dims (hidden 3584, 28 layers, 28 / 4 heads,
+FFN 18944, text vocab 152064, RMSNorm eps 1e-6, rope_theta 1e6, mrope_section [16, 24, 24]) plus the generation
+vocabulary (32800 ids from 152064; bytedance/mammothmoda configuration defaults) and FFN experts on layers 14..27:
+``moe_type`` "ffn-14:28", as vllm-omni's ``Mammoth2DecoderLayer`` builds ``gen_mlp`` only for ``14 <= layer_idx < 28``
+(``vllm_omni/model_executor/models/mammoth_moda2/mammoth_moda2_ar.py``).
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 
-from ar_service.model.configuration import MammothARConfig
-from ar_service.model.modeling import MammothARModel
+from ar_service.model.configuration import LLM_MODEL_TYPE, ar_config_from_dict
+from ar_service.model.loading import LLM_PREFIX, build_random_ar
 from ar_service.model.t2i_config import T2IGenerationConfig
 from ar_service.model.tokenizer import (
     EOL_TOKEN,
+    GEN_RESERVED_SLOTS,
     GEN_VOCAB_SIZE,
     NUM_VISUAL_TOKENS,
     TEXT_VOCAB_SIZE,
+    build_preview_tokenizer,
     build_tokenizer,
-    visual_token,
 )
 
 TINY_HIDDEN_SIZE = 64
+TINY_MOE_TYPE = "ffn-1:2"  # experts on layer 1 only: exercises the layer-range grammar
+
+# Qwen2.5 special ids (vllm-omni MammothModa2 tests; the MammothU tokenizer layout).
+PREVIEW_IMAGE_TOKEN_ID = 151655
+PREVIEW_VIDEO_TOKEN_ID = 151656
+PREVIEW_VISION_START_TOKEN_ID = 151652
+PREVIEW_VISION_END_TOKEN_ID = 151653
+PREVIEW_TEXT_VOCAB = 152064
+PREVIEW_GEN_VOCAB = 32800
+# t2i_generation_config.json of Preview (vllm-omni: eol 152064, visual 152072 .. 168456 exclusive, top_k 2048).
+PREVIEW_T2I = T2IGenerationConfig(
+    eol_token_id=152064,
+    visual_token_start_id=152072,
+    visual_token_end_id=168456,
+    temperature=1.0,
+    top_k=2048,
+    top_p=1.0,
+    do_sample=True,
+)
 
 
-def write_tiny_ar(directory: Path) -> None:
-    """Write config, safetensors weights, tokenizer and t2i config; same bytes on every call."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+def _llm_config(text: dict, ids: dict, vision: dict) -> dict:
+    gen = {k: text[k] for k in ("extra_gen_vocab", "gen_vocab_size", "gen_vocab_start_index", "moe_type")}
+    return {
+        "model_type": LLM_MODEL_TYPE,
+        "architectures": ["Mammothmoda2Qwen2_5_VLForConditionalGeneration"],
+        **ids,
+        **gen,
+        "text_config": {"model_type": "mammothmoda2_qwen2_5_vl_text", **text},
+        "vision_config": {"model_type": LLM_MODEL_TYPE, **vision},
+    }
+
+
+def tiny_llm_config() -> dict:
     tokenizer = build_tokenizer()
     ids = tokenizer.convert_tokens_to_ids
-    config = MammothARConfig(
-        vocab_size=TEXT_VOCAB_SIZE,
-        gen_vocab_size=GEN_VOCAB_SIZE,
-        gen_vocab_start_index=TEXT_VOCAB_SIZE,
-        hidden_size=TINY_HIDDEN_SIZE,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        moe_type="ffn",
-        pixels_per_token=16,
-        image_token_id=ids("<|image_pad|>"),
-        video_token_id=ids("<|video_pad|>"),
-        vision_start_token_id=ids("<|vision_start|>"),
-        vision_end_token_id=ids("<|vision_end|>"),
-        eos_token_id=ids("<|im_end|>"),
-        pad_token_id=ids("<|endoftext|>"),
-    )
-    with torch.random.fork_rng(devices=[]):  # seed without disturbing the caller's RNG
-        torch.manual_seed(0)
-        model = MammothARModel(config)
-    model.save_pretrained(str(directory))
-    tokenizer.save_pretrained(str(directory))
-    T2IGenerationConfig(
+    text = {
+        "vocab_size": TEXT_VOCAB_SIZE,
+        "hidden_size": TINY_HIDDEN_SIZE,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "hidden_act": "silu",
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},  # sums to head_dim / 2 = 8
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
+        "initializer_range": 0.02,
+        "extra_gen_vocab": True,
+        "gen_vocab_size": GEN_VOCAB_SIZE,
+        "gen_vocab_start_index": TEXT_VOCAB_SIZE,
+        "moe_type": TINY_MOE_TYPE,
+    }
+    token_ids = {
+        "image_token_id": ids("<|image_pad|>"),
+        "video_token_id": ids("<|video_pad|>"),
+        "vision_start_token_id": ids("<|vision_start|>"),
+        "vision_end_token_id": ids("<|vision_end|>"),
+        "eos_token_id": ids("<|im_end|>"),
+        "pad_token_id": ids("<|endoftext|>"),
+    }
+    vision = {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "in_channels": 3,
+              "patch_size": 2, "temporal_patch_size": 2, "spatial_merge_size": 2, "out_hidden_size": TINY_HIDDEN_SIZE}
+    return _llm_config(text, token_ids, vision)
+
+
+def _stub_vision_tensors(vision: dict, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """A few vision-tower tensors in Qwen2.5-VL's names: present in a real checkpoint, skipped by the AR loader."""
+    h, p, t = vision["hidden_size"], vision["patch_size"], vision["temporal_patch_size"]
+    shapes = {
+        "patch_embed.proj.weight": (h, vision["in_channels"], t, p, p),
+        "blocks.0.norm1.weight": (h,),
+        "blocks.0.attn.qkv.weight": (3 * h, h),
+        "blocks.0.attn.qkv.bias": (3 * h,),
+        "merger.ln_q.weight": (h,),
+    }
+    return {f"{LLM_PREFIX}model.visual.{k}": torch.randn(s, generator=generator) * 0.02 for k, s in shapes.items()}
+
+
+def tiny_llm_parts() -> tuple[dict, dict[str, torch.Tensor]]:
+    """(llm_config for config.json, tensors with full ``llm_model.`` keys); same values on every call.
+
+    Biases and norm weights get small random offsets (upstream init would zero / one them) so that a
+    mis-mapped bias or norm changes the outputs and the strict-loading tests notice.
+    """
+    llm_config = tiny_llm_config()
+    config = ar_config_from_dict({"model_type": "mammothmoda2", "llm_config": llm_config})
+    model = build_random_ar(config, "cpu", torch.float32, seed=0)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".bias") or name.endswith("norm.weight"):
+                param.add_(torch.randn(param.shape, generator=generator) * 0.02)
+    tensors = {f"{LLM_PREFIX}{k}": v.detach().clone() for k, v in model.state_dict().items()}
+    tensors.update(_stub_vision_tensors(llm_config["vision_config"], generator))
+    return llm_config, tensors
+
+
+def tiny_t2i() -> T2IGenerationConfig:
+    start = TEXT_VOCAB_SIZE + GEN_RESERVED_SLOTS
+    return T2IGenerationConfig(
+        eol_token_id=TEXT_VOCAB_SIZE,  # <|endofline|>, the first generation id
+        visual_token_start_id=start,
+        visual_token_end_id=start + NUM_VISUAL_TOKENS,  # exclusive
         temperature=1.0,
         top_k=2048,  # MammothModa2's default; larger than the tiny visual range, so a no-op here
         top_p=1.0,
-        eol_token_id=ids(EOL_TOKEN),
-        visual_token_start_id=ids(visual_token(0)),
-        visual_token_end_id=ids(visual_token(NUM_VISUAL_TOKENS - 1)),
-    ).save(directory)
+        do_sample=True,
+    )
+
+
+def write_tiny_tokenizer_and_t2i(root: Path) -> None:
+    """Tokenizer files and t2i_generation_config.json at the root; same bytes on every call."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer()
+    assert tokenizer.convert_tokens_to_ids(EOL_TOKEN) == tiny_t2i().eol_token_id
+    tokenizer.save_pretrained(str(root))
+    tiny_t2i().save(root)
+
+
+def preview_llm_config() -> dict:
+    """MammothModa2-Preview's AR shapes (see module docstring), as config.json's ``llm_config``."""
+    text = {
+        "vocab_size": PREVIEW_TEXT_VOCAB,
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "hidden_act": "silu",
+        "max_position_embeddings": 128000,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
+        "initializer_range": 0.02,
+        "extra_gen_vocab": True,
+        "gen_vocab_size": PREVIEW_GEN_VOCAB,
+        "gen_vocab_start_index": PREVIEW_TEXT_VOCAB,
+        "moe_type": "ffn-14:28",
+    }
+    ids = {
+        "image_token_id": PREVIEW_IMAGE_TOKEN_ID,
+        "video_token_id": PREVIEW_VIDEO_TOKEN_ID,
+        "vision_start_token_id": PREVIEW_VISION_START_TOKEN_ID,
+        "vision_end_token_id": PREVIEW_VISION_END_TOKEN_ID,
+        "eos_token_id": 151645,
+        "pad_token_id": 151643,
+    }
+    vision = {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16, "in_channels": 3,
+              "patch_size": 14, "temporal_patch_size": 2, "spatial_merge_size": 2, "window_size": 112,
+              "out_hidden_size": 3584, "fullatt_block_indexes": [7, 15, 23, 31]}
+    return _llm_config(text, ids, vision)
+
+
+def write_preview_tokenizer_and_t2i(root: Path, t2i: T2IGenerationConfig = PREVIEW_T2I) -> None:
+    """Preview-id-compatible tokenizer files and Preview's t2i_generation_config.json (about a second)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_preview_tokenizer(PREVIEW_TEXT_VOCAB, PREVIEW_GEN_VOCAB)
+    assert tokenizer.convert_tokens_to_ids(EOL_TOKEN) == t2i.eol_token_id
+    assert tokenizer.convert_tokens_to_ids("<|visual token 0|>") == t2i.visual_token_start_id
+    tokenizer.save_pretrained(str(root))
+    t2i.save(root)
+
+
+# Stubs the root needs for servicekit.checkpoint.PipelineCheckpoint.size_multiple when only the AR is present.
+AR_ONLY_GEN_STUBS = {"gen_dit_config": {"patch_size": 2}, "gen_vae_config": {"block_out_channels": [8, 8, 8, 8]}}
+
+
+def write_ar_only_root(root: Path, preview: bool = False, weights: bool = True) -> Path:
+    """A checkpoint root with only the AR parts (config.json with llm_config and gen_* stubs); for tests.
+
+    ``preview`` writes the Preview shapes and tokenizer with no weights (random-weights mode).
+    """
+    from servicekit.checkpoint import save_tensors
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    if preview:
+        llm_config, tensors = preview_llm_config(), None
+        write_preview_tokenizer_and_t2i(root)
+    else:
+        llm_config, tensors = tiny_llm_parts()
+        write_tiny_tokenizer_and_t2i(root)
+    config = {"model_type": "mammothmoda2", "architectures": ["Mammothmoda2Model"], "llm_config": llm_config, **AR_ONLY_GEN_STUBS}
+    (root / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if weights and tensors is not None:
+        save_tensors(root, tensors)
+    return root

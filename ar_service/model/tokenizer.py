@@ -1,23 +1,49 @@
-"""A tiny but real byte-level BPE tokenizer, trained offline and deterministically on an in-repo corpus.
+"""Tokenizers for the tiny and the Preview-shaped random models, in MammothModa2's id layout.
 
-Layout follows MammothModa2 (Qwen2 text vocab, then the generation vocab; REFERENCE.md / bytedance
-mammothmoda t2i_generation_config.json): gen start+0 is the end-of-line token, start+1..3 the image
-header tokens, slots up to start+7 reserved, visual tokens from start+8.
+Layout facts (vllm-omni ``vllm_omni/model_executor/models/mammoth_moda2/tokenization_mammothmoda2_qwen2_5_vl.py``,
+the MammothU tokenizer of Preview): Qwen2.5 specials from id 151643 (``<|endoftext|>``, ``<|im_start|>``,
+``<|im_end|>``, then ``<|object_ref_start|>`` ... with ``<|vision_start|>`` 151652, ``<|vision_end|>`` 151653,
+``<|image_pad|>`` 151655, ``<|video_pad|>`` 151656), padding up to the text embedding size 152064, then the
+generation vocabulary: ``<|endofline|>`` (152064, the EOL), ``<|endoffile|>``, ``<|gen_placeholder|>``,
+``<|useless token|>``, ``<|beginoftext|>``, then the vision tokens file, whose first three are the image
+header tokens (``<|image end|>`` = 152071: vllm-omni's ``end_of_image_id``; the order of ``<|image start|>``
+and ``<|image token|>`` at 152069 / 152070 is inferred), and visual tokens from 152072
+(``<|visual token N|>``, the form upstream's ``remap_unified_tokens`` regex reads).
+
+The tiny tokenizer keeps that gen layout (8 header slots, then visual tokens) over a 512-id text vocabulary
+trained offline and deterministically on an in-repo corpus. The Preview-shaped tokenizer is a byte-level
+vocabulary with no merges, padded with unreachable placeholders up to 151643 so every special id matches
+Preview's; it exists to drive the random-weight benchmark model, not to read text well.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 TEXT_VOCAB_SIZE = 512
 NUM_VISUAL_TOKENS = 64
-GEN_RESERVED_SLOTS = 8  # EOL + 3 image header tokens + 4 reserved, as in MammothModa2
+EOL_TOKEN = "<|endofline|>"
+IMAGE_START_TOKEN = "<|image start|>"
+IMAGE_TOKEN = "<|image token|>"
+IMAGE_END_TOKEN = "<|image end|>"
+# Generation-vocabulary header in id order from gen_vocab_start_index (see module docstring).
+GEN_HEADER_TOKENS = (
+    EOL_TOKEN,
+    "<|endoffile|>",
+    "<|gen_placeholder|>",
+    "<|useless token|>",
+    "<|beginoftext|>",
+    IMAGE_START_TOKEN,
+    IMAGE_TOKEN,
+    IMAGE_END_TOKEN,
+)
+GEN_RESERVED_SLOTS = len(GEN_HEADER_TOKENS)  # visual tokens start at gen start + 8 (152072 in Preview)
 GEN_VOCAB_SIZE = GEN_RESERVED_SLOTS + NUM_VISUAL_TOKENS
 
-# Text specials sit at the end of the text vocabulary, in Qwen2's relative order.
+# Qwen2.5 chat / vision specials, in Qwen's relative order (tiny: at the end of its text vocabulary).
 TEXT_SPECIAL_TOKENS = (
     "<|endoftext|>",
     "<|im_start|>",
@@ -27,21 +53,41 @@ TEXT_SPECIAL_TOKENS = (
     "<|image_pad|>",
     "<|video_pad|>",
 )
-EOL_TOKEN = "<|endofline|>"
-IMAGE_START_TOKEN = "<|image start|>"
-IMAGE_END_TOKEN = "<|image end|>"
-IMAGE_TOKEN = "<|image token|>"
+# Preview: ids from 151643 (MammothU's SPECIAL_START_ID), Qwen2.5's order.
+QWEN_SPECIAL_START_ID = 151643
+QWEN_SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+)
 
 
 def visual_token(index: int) -> str:
     return f"<|visual token {index}|>"
 
 
-def gen_special_tokens(num_visual: int = NUM_VISUAL_TOKENS) -> list[str]:
+def gen_special_tokens(gen_vocab_size: int = GEN_VOCAB_SIZE) -> list[str]:
     """Generation vocabulary in id order, starting at the gen start index."""
-    head = [EOL_TOKEN, IMAGE_START_TOKEN, IMAGE_END_TOKEN, IMAGE_TOKEN]
-    reserved = [f"<|gen reserved {i}|>" for i in range(len(head), GEN_RESERVED_SLOTS)]
-    return head + reserved + [visual_token(i) for i in range(num_visual)]
+    return list(GEN_HEADER_TOKENS) + [visual_token(i) for i in range(gen_vocab_size - GEN_RESERVED_SLOTS)]
 
 
 _CORPUS = """
@@ -63,8 +109,23 @@ A steaming cup of coffee and a croissant on a marble table, top view, food photo
 """
 
 
+def _specials(tokens) -> list[AddedToken]:
+    return [AddedToken(t, special=True, normalized=False) for t in tokens]
+
+
+def _wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        clean_up_tokenization_spaces=False,
+    )
+
+
 def build_tokenizer() -> PreTrainedTokenizerFast:
-    """Train the BPE (pure function of the corpus), pad the text vocab to TEXT_VOCAB_SIZE, add specials."""
+    """Tiny: train the BPE (pure function of the corpus), pad the text vocab to 512, add specials and gen vocab."""
     bpe_size = TEXT_VOCAB_SIZE - len(TEXT_SPECIAL_TOKENS)
     tok = Tokenizer(models.BPE())
     # Single digits like Qwen2, so "16*16" becomes digit tokens; byte-level so any text encodes.
@@ -79,18 +140,29 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     )
     tok.train_from_iterator([line for line in _CORPUS.splitlines() if line], trainer=trainer)
     fillers = [f"<|text reserved {i}|>" for i in range(bpe_size - tok.get_vocab_size())]
-    tok.add_special_tokens(fillers + list(TEXT_SPECIAL_TOKENS))
+    tok.add_special_tokens(_specials(fillers + list(TEXT_SPECIAL_TOKENS)))
     if tok.get_vocab_size() != TEXT_VOCAB_SIZE:
         raise RuntimeError(f"text vocab came out at {tok.get_vocab_size()}, expected {TEXT_VOCAB_SIZE}")
-    tok.add_special_tokens(gen_special_tokens())
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token=None,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token=None,
-        clean_up_tokenization_spaces=False,
+    tok.add_special_tokens(_specials(gen_special_tokens()))
+    return _wrap(tok)
+
+
+def build_preview_tokenizer(text_vocab_size: int = 152064, gen_vocab_size: int = 32800) -> PreTrainedTokenizerFast:
+    """Preview-id-compatible tokenizer built in well under a second: bytes, placeholders, Qwen specials, gen vocab."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    for i in range(len(vocab), QWEN_SPECIAL_START_ID):
+        vocab[f"<|ardit unused {i}|>"] = i  # never produced: there are no merges
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
     )
+    tok.decoder = decoders.ByteLevel()
+    pad = [f"<|extra_{i}|>" for i in range(text_vocab_size - QWEN_SPECIAL_START_ID - len(QWEN_SPECIAL_TOKENS))]
+    tok.add_special_tokens(_specials(list(QWEN_SPECIAL_TOKENS) + pad + gen_special_tokens(gen_vocab_size)))
+    if tok.get_vocab_size() != text_vocab_size + gen_vocab_size:
+        raise RuntimeError(f"preview tokenizer came out at {tok.get_vocab_size()} ids")
+    return _wrap(tok)
 
 
 def write_tokenizer(directory: Path) -> PreTrainedTokenizerFast:

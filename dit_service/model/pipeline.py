@@ -1,48 +1,127 @@
-"""The DiT stage as one object: load transformer + VAE + scheduler config from disk, denoise, decode to pixels."""
+"""The DiT stage as one object: built from a MammothModa2 checkpoint's config, weights loaded strictly, then
+denoise and decode.
+
+Layout (servicekit/checkpoint.py): the root config.json's ``gen_dit_config`` / ``gen_vae_config`` /
+``gen_image_condition_refiner_config`` / ``gen_condition_mode`` and the tensors under ``gen_transformer.``,
+``gen_vae.`` and ``gen_image_condition_refiner.`` — what bytedance/mammothmoda ``modeling_mammothmoda2.py``
+(``Mammothmoda2Model.__init__``) builds and vllm-omni ``pipeline_mammothmoda2_dit.py`` loads. Which conditions the
+DiT sees follows upstream ``t2i_utils.py`` ``encode_full_prompts``: the text condition when "text" is in
+``gen_condition_mode``, the image condition (through the Q-Former refiner when there is one) when "image" is,
+concatenated [text | image]. The unconditional branch is the caller's (an empty condition, as vllm-omni, or the
+negative prompt's text condition); it never goes through the refiner.
+"""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from diffusers import AutoencoderKL
 
-from dit_service.model.sampler import DenoiseResult, denoise
-from dit_service.model.transformer import ArditDiTTransformer
+from dit_service.model.refiner import ImageConditionRefiner
+from dit_service.model.sampler import CFG_MODES, DenoiseResult, denoise
+from dit_service.model.transformer import MammothDiT
+from dit_service.model.weights import load_strict, materialize, random_init_
+
+if TYPE_CHECKING:
+    from servicekit.checkpoint import PipelineCheckpoint
+
+DIT_PREFIX = "gen_transformer."
+VAE_PREFIX = "gen_vae."
+REFINER_PREFIX = "gen_image_condition_refiner."
+CONDITION_MODES = ("text", "image", "text_image")
+DEFAULT_CONDITION_MODE = "image"  # Mammothmoda2Config's default (configuration_mammothmoda2.py)
+
+
+def llm_hidden_size(config: dict) -> int:
+    """The AR's hidden size: llm_config.text_config.hidden_size (Qwen2.5-VL layout) or llm_config.hidden_size."""
+    llm = config.get("llm_config") or {}
+    for source in (llm.get("text_config") or {}, llm):
+        if source.get("hidden_size"):
+            return int(source["hidden_size"])
+    raise ValueError("config.json: llm_config has no text_config.hidden_size (the condition width of the DiT)")
+
+
+def build_modules(config: dict) -> tuple[MammothDiT, AutoencoderKL, ImageConditionRefiner | None]:
+    """The DiT stage's modules on the meta device (no storage): shapes only, from the root config."""
+    for key in ("gen_dit_config", "gen_vae_config"):
+        if not config.get(key):
+            raise ValueError(f"config.json has no {key}")
+    hidden = llm_hidden_size(config)
+    vae_config = {k: v for k, v in config["gen_vae_config"].items() if not k.startswith("_")}
+    refiner_config = config.get("gen_image_condition_refiner_config")
+    with torch.device("meta"):
+        dit = MammothDiT.from_config(config["gen_dit_config"], hidden)
+        vae = AutoencoderKL.from_config(vae_config)
+        refiner = None if refiner_config is None else ImageConditionRefiner.from_config(refiner_config, hidden)
+    return dit, vae, refiner
 
 
 class DiTPipeline:
-    """Holds the loaded modules; stateless between calls (every render builds its own scheduler)."""
+    """Holds the loaded modules; stateless between calls (every render computes its own schedule)."""
 
-    def __init__(self, transformer: ArditDiTTransformer, vae: AutoencoderKL, scheduler_config: dict, device, dtype):
-        self.transformer = transformer.eval()
-        self.vae = vae.eval()
-        self.scheduler_config = scheduler_config
+    def __init__(
+        self,
+        transformer: MammothDiT,
+        vae: AutoencoderKL,
+        refiner: ImageConditionRefiner | None,
+        condition_mode: str,
+        device,
+        dtype: torch.dtype,
+    ):
+        if condition_mode not in CONDITION_MODES:
+            raise ValueError(f"gen_condition_mode must be one of {', '.join(CONDITION_MODES)}; got {condition_mode!r}")
+        self.transformer = transformer.eval().requires_grad_(False)
+        self.vae = vae.eval().requires_grad_(False)
+        self.refiner = None if refiner is None else refiner.eval().requires_grad_(False)
+        self.condition_mode = condition_mode
         self.device = torch.device(device)
         self.dtype = dtype
 
     @classmethod
-    def from_directory(cls, root: Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
-        """Loads ``root/dit``, ``root/vae`` and ``root/scheduler/scheduler_config.json``; local files only."""
-        root = Path(root)
-        for needed in ("dit/config.json", "vae/config.json", "scheduler/scheduler_config.json"):
-            if not (root / needed).is_file():  # fail plainly rather than via diffusers' Hub fallback message
-                raise FileNotFoundError(f"{root / needed} is missing; is {root} a DiT pipeline directory?")
-        # low_cpu_mem_usage=False: plain loading, without needing (or warning about) accelerate.
-        load = {"local_files_only": True, "torch_dtype": dtype, "low_cpu_mem_usage": False}
-        transformer = ArditDiTTransformer.from_pretrained(root / "dit", **load)
-        vae = AutoencoderKL.from_pretrained(root / "vae", **load)
-        scheduler_config = json.loads((root / "scheduler" / "scheduler_config.json").read_text())
-        return cls(transformer.to(device), vae.to(device), scheduler_config, device, dtype)
+    def from_checkpoint(
+        cls,
+        checkpoint: "PipelineCheckpoint",
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        random_weights: bool = False,
+        seed: int = 0,
+    ) -> "DiTPipeline":
+        """Builds from ``checkpoint.config`` and loads ``gen_*`` tensors strictly (missing/unexpected keys fail).
+
+        ``random_weights=True`` reads no tensors: every module is allocated straight on ``device`` in ``dtype`` and
+        randomly initialised there (the Preview-shaped benchmark mode)."""
+        return cls.from_config(
+            checkpoint.config, device, dtype, random_weights=random_weights, seed=seed,
+            load=None if random_weights else checkpoint.load_tensors,
+        )
+
+    @classmethod
+    def from_config(cls, config: dict, device="cpu", dtype=torch.float32, random_weights=False, seed=0, load=None):
+        dit, vae, refiner = build_modules(config)
+        parts = [(DIT_PREFIX, dit), (VAE_PREFIX, vae)] + ([(REFINER_PREFIX, refiner)] if refiner is not None else [])
+        for i, (prefix, module) in enumerate(parts):
+            if random_weights:
+                random_init_(materialize(module, device, dtype), seed=seed + i)
+            else:
+                if load is None:
+                    raise ValueError("from_config needs load(prefix, device, dtype) unless random_weights=True")
+                load_strict(module, load(prefix, device, dtype), prefix)
+            leftover = [n for n, t in module.state_dict(keep_vars=True).items() if t.is_meta]
+            leftover += [n for n, b in module.named_buffers() if b.is_meta]
+            if leftover:
+                raise ValueError(f"{prefix}: tensors left without storage after loading: {leftover}")
+        mode = config.get("gen_condition_mode") or DEFAULT_CONDITION_MODE
+        return cls(dit, vae, refiner, mode, device, dtype)
 
     # -- geometry ---------------------------------------------------------------------------------------------
 
     @property
     def condition_dim(self) -> int:
-        return self.transformer.config.cond_dim
+        """Width of the condition rows the DiT accepts: the LLM hidden size."""
+        return self.transformer.time_caption_embed.caption_embedder[1].in_features
 
     @property
     def latent_channels(self) -> int:
@@ -54,7 +133,7 @@ class DiTPipeline:
 
     @property
     def patch_size(self) -> int:
-        return self.transformer.config.patch_size
+        return self.transformer.patch_size
 
     @property
     def size_multiple(self) -> int:
@@ -71,9 +150,25 @@ class DiTPipeline:
 
     # -- work -------------------------------------------------------------------------------------------------
 
+    @torch.no_grad()
+    def assemble_condition(self, text_condition: torch.Tensor, image_condition: torch.Tensor) -> torch.Tensor:
+        """[text | image] per gen_condition_mode, the image part through the refiner when the model has one."""
+        parts = []
+        if "text" in self.condition_mode:
+            parts.append(text_condition.to(device=self.device, dtype=self.dtype))
+        if "image" in self.condition_mode:
+            image = image_condition.to(device=self.device, dtype=self.dtype)
+            if self.refiner is not None and image.shape[0] > 0:  # an empty image condition skips it (vllm-omni)
+                image = self.refiner(image[None])[0]
+            parts.append(image)
+        if not parts:
+            return text_condition.new_zeros(0, self.condition_dim).to(device=self.device, dtype=self.dtype)
+        return torch.cat(parts, dim=0)
+
     def render_latents(
         self,
-        condition: torch.Tensor,
+        text_condition: torch.Tensor,
+        image_condition: torch.Tensor,
         uncond_condition: torch.Tensor,
         width: int,
         height: int,
@@ -81,23 +176,29 @@ class DiTPipeline:
         steps: int,
         guidance: float,
         cfg_range: tuple[float, float] = (0.0, 1.0),
+        cfg_mode: str = "sequential",
         on_step: Callable[[int, int], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
     ) -> DenoiseResult:
-        """Denoises one image's latents from condition [L, C] (uncond [Lu, C], Lu may be 0)."""
-        for name, tensor in (("condition", condition), ("uncond_condition", uncond_condition)):
+        """Denoises one image's latents. Conditions are [positions, condition_dim]; any may have 0 rows."""
+        for name, tensor in (("text_condition", text_condition), ("image_condition", image_condition),
+                             ("uncond_condition", uncond_condition)):
             if tensor.ndim != 2 or tensor.shape[1] != self.condition_dim:
                 raise ValueError(f"{name} must be [positions, {self.condition_dim}]; got {tuple(tensor.shape)}")
+        if cfg_mode not in CFG_MODES:
+            raise ValueError(f"cfg_mode must be one of {', '.join(CFG_MODES)}; got {cfg_mode!r}")
+        latent_shape = self.latent_shape(width, height)
+        condition = self.assemble_condition(text_condition, image_condition)
         return denoise(
             self.transformer,
             condition,
             uncond_condition,
-            self.latent_shape(width, height),
+            latent_shape,
             seed=seed,
             steps=steps,
             guidance=guidance,
             cfg_range=tuple(cfg_range),
-            scheduler_config=self.scheduler_config,
+            cfg_mode=cfg_mode,
             on_step=on_step,
             should_stop=should_stop,
             device=self.device,
@@ -106,15 +207,87 @@ class DiTPipeline:
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> np.ndarray:
-        """Latents [1,C,h,w] or [C,h,w] -> uint8 pixels [H,W,3]; undoes the Flux-style scale and shift first."""
+        """Latents [1,C,h,w] or [C,h,w] -> uint8 pixels [H,W,3]: z / scaling_factor + shift_factor, VAE decode,
+        then [-1, 1] -> [0, 255] rounded (t2i_utils.py ``processing`` and diffusers' VaeImageProcessor)."""
         if latents.ndim == 3:
             latents = latents[None]
         if latents.shape[0] != 1:
             raise ValueError(f"decode takes one image; got batch {latents.shape[0]}")
         config = self.vae.config
-        scaling = config.scaling_factor
-        shift = getattr(config, "shift_factor", None) or 0.0
-        z = latents.to(device=self.device, dtype=self.dtype) / scaling + shift
+        z = latents.to(device=self.device, dtype=self.dtype)
+        if config.scaling_factor is not None:
+            z = z / config.scaling_factor
+        if getattr(config, "shift_factor", None) is not None:
+            z = z + config.shift_factor
         image = self.vae.decode(z, return_dict=False)[0][0].float().clamp(-1, 1)
         pixels = ((image + 1) * 127.5).round().to(torch.uint8)
         return pixels.permute(1, 2, 0).cpu().numpy()
+
+
+# -- Preview shapes -----------------------------------------------------------------------------------------------
+
+# black-forest-labs/FLUX.1 vae/config.json: the 16-channel AutoencoderKL the DiT's latent space is shaped for.
+FLUX_VAE_CONFIG = {
+    "_class_name": "AutoencoderKL",
+    "act_fn": "silu",
+    "block_out_channels": [128, 256, 512, 512],
+    "down_block_types": ["DownEncoderBlock2D"] * 4,
+    "force_upcast": True,
+    "in_channels": 3,
+    "latent_channels": 16,
+    "layers_per_block": 2,
+    "mid_block_add_attention": True,
+    "norm_num_groups": 32,
+    "out_channels": 3,
+    "sample_size": 1024,
+    "scaling_factor": 0.3611,
+    "shift_factor": 0.1159,
+    "up_block_types": ["UpDecoderBlock2D"] * 4,
+    "use_post_quant_conv": False,
+    "use_quant_conv": False,
+}
+
+# Preview's DiT depth is not published in the code we could read. 16 joint layers + 2 layers in each of the three
+# refiners gives 2.29B DiT parameters; with the 128-query, 2-layer Q-Former at width 3584 (0.53B) and the Flux VAE
+# (0.08B) the DiT stage holds 2.90B parameters = 5.41 GiB in bf16, against the 5.49 GiB vllm-omni's recipe reports
+# for the DiT stage's weights. Hidden 2520, 21/7 heads, head_dim 120 = 40+40+40 and F = 10240 are the references'.
+PREVIEW_NUM_LAYERS = 16
+
+
+def preview_gen_parts(llm_hidden_size: int = 3584) -> dict:
+    """The DiT-side config.json entries of a MammothModa2-Preview-shaped checkpoint (no tensors)."""
+    return {
+        "gen_dit_config": {
+            "_class_name": "Transformer2DModel",
+            "patch_size": 2,
+            "in_channels": 16,
+            "out_channels": None,
+            "hidden_size": 2520,
+            "num_layers": PREVIEW_NUM_LAYERS,
+            "num_refiner_layers": 2,
+            "num_attention_heads": 21,
+            "num_kv_heads": 7,
+            "multiple_of": 256,
+            "ffn_dim_multiplier": None,
+            "norm_eps": 1e-5,
+            "axes_dim_rope": [40, 40, 40],
+            "axes_lens": [10000, 10000, 10000],
+            "text_feat_dim": llm_hidden_size,
+            "timestep_scale": 1.0,
+        },
+        "gen_vae_config": dict(FLUX_VAE_CONFIG),
+        "gen_image_condition_refiner_config": {"num_queries": 128, "num_layers": 2},
+        "gen_axes_dim_rope": [40, 40, 40],
+        "gen_axes_lens": [10000, 10000, 10000],
+        "gen_transport_config": {},
+        "gen_condition_mode": "text_image",
+    }
+
+
+def parameter_counts(config: dict) -> dict[str, int]:
+    """Parameters per DiT-stage component of a root config, counted on the meta device (nothing allocated)."""
+    dit, vae, refiner = build_modules(config)
+    count = lambda m: 0 if m is None else sum(p.numel() for p in m.parameters())  # noqa: E731
+    counts = {"gen_transformer": count(dit), "gen_vae": count(vae), "gen_image_condition_refiner": count(refiner)}
+    counts["total"] = sum(counts.values())
+    return counts

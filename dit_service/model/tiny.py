@@ -1,81 +1,77 @@
-"""Writes a tiny random-weight DiT stack (transformer, VAE, scheduler config) for tests, CI and CPU demos.
+"""The tiny DiT-stage parts of the test checkpoint, in the upstream MammothModa2 layout.
 
-Deterministic: the same call writes byte-identical files, so fixtures and caches can be compared by hash.
+``tiny_gen_parts`` returns the config.json entries (gen_dit_config, gen_vae_config, ...) and the tensors with their
+full checkpoint keys (``gen_transformer.*``, ``gen_vae.*``, ``gen_image_condition_refiner.*``); tools/make_tiny.py
+merges them with the AR's into one root, so tests load exactly the path a real checkpoint takes.
+Deterministic: same arguments, same bytes.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import torch
-from diffusers import AutoencoderKL
 
-from dit_service.model.transformer import ArditDiTTransformer
+from dit_service.model.pipeline import DIT_PREFIX, REFINER_PREFIX, VAE_PREFIX, build_modules
+from dit_service.model.weights import materialize, random_init_
 
-# The flow-matching schedule the sampler expects: resolution-dependent shift applied through mu (see sampler.py).
-SCHEDULER_CONFIG = {
-    "_class_name": "FlowMatchEulerDiscreteScheduler",
-    "num_train_timesteps": 1000,
-    "shift": 1.0,
-    "use_dynamic_shifting": True,
-    "time_shift_type": "exponential",
+TINY_DIT_CONFIG = {
+    "_class_name": "Transformer2DModel",
+    "patch_size": 2,
+    "in_channels": 16,
+    "out_channels": None,
+    "hidden_size": 64,
+    "num_layers": 2,
+    "num_refiner_layers": 1,
+    "num_attention_heads": 2,  # head_dim 32 = 8 + 12 + 12
+    "num_kv_heads": 1,
+    "multiple_of": 16,
+    "ffn_dim_multiplier": 0.5,  # inner 128
+    "norm_eps": 1e-5,
+    "axes_dim_rope": [8, 12, 12],
+    "axes_lens": [10000, 10000, 10000],
+    "text_feat_dim": 64,
+    "timestep_scale": 1.0,
 }
 
-# Flux VAE's latent normalisation constants (black-forest-labs/FLUX.1 vae/config.json), reused so decode
-# exercises the same scale-and-shift path as a real 16-channel VAE.
-VAE_SCALING_FACTOR = 0.3611
-VAE_SHIFT_FACTOR = 0.1159
+# Flux VAE's latent normalisation constants, so decode exercises the same scale-and-shift path.
+TINY_VAE_CONFIG = {
+    "_class_name": "AutoencoderKL",
+    "in_channels": 3,
+    "out_channels": 3,
+    "down_block_types": ["DownEncoderBlock2D"] * 4,
+    "up_block_types": ["UpDecoderBlock2D"] * 4,
+    "block_out_channels": [8, 8, 8, 8],
+    "layers_per_block": 1,
+    "latent_channels": 16,
+    "norm_num_groups": 4,
+    "sample_size": 256,
+    "scaling_factor": 0.3611,
+    "shift_factor": 0.1159,
+    "use_quant_conv": False,
+    "use_post_quant_conv": False,
+}
 
-# Output-layer std: large enough that seed and condition visibly change the image, small enough to stay sane.
-OUTPUT_INIT_STD = 0.05
+TINY_REFINER_CONFIG = {"num_queries": 16, "num_layers": 2}
 
-
-def tiny_transformer(condition_dim: int) -> ArditDiTTransformer:
-    model = ArditDiTTransformer(
-        in_channels=16,
-        patch_size=2,
-        hidden_size=64,
-        num_layers=2,
-        num_context_refiner_layers=1,
-        num_noise_refiner_layers=1,
-        num_attention_heads=2,
-        num_kv_heads=1,
-        multiple_of=16,
-        axes_dim_rope=(8, 12, 12),
-        cond_dim=condition_dim,
-    )
-    with torch.no_grad():
-        model.proj_out.weight.normal_(0.0, OUTPUT_INIT_STD)
-        model.proj_out.bias.zero_()
-    return model
+SEED = 0
 
 
-def tiny_vae() -> AutoencoderKL:
-    return AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * 4,
-        up_block_types=("UpDecoderBlock2D",) * 4,
-        block_out_channels=(8, 8, 8, 8),
-        layers_per_block=1,
-        latent_channels=16,
-        norm_num_groups=4,
-        sample_size=256,
-        scaling_factor=VAE_SCALING_FACTOR,
-        shift_factor=VAE_SHIFT_FACTOR,
-        use_quant_conv=False,
-        use_post_quant_conv=False,
-    )
+def tiny_gen_parts(llm_hidden_size: int, with_refiner: bool = False) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config.json entries, float32 tensors with full checkpoint keys) of the tiny DiT stage.
 
-
-def write_tiny_dit_stack(root: Path, condition_dim: int = 64) -> None:
-    """Writes root/dit, root/vae and root/scheduler/scheduler_config.json (a few hundred KB)."""
-    root = Path(root)
-    torch.manual_seed(0)
-    tiny_transformer(condition_dim).save_pretrained(root / "dit", safe_serialization=True)
-    torch.manual_seed(1)
-    tiny_vae().save_pretrained(root / "vae", safe_serialization=True)
-    (root / "scheduler").mkdir(parents=True, exist_ok=True)
-    text = json.dumps(SCHEDULER_CONFIG, indent=2, sort_keys=True) + "\n"
-    (root / "scheduler" / "scheduler_config.json").write_text(text)
+    ``with_refiner`` adds a 16-query, 2-layer Q-Former image refiner (Preview has a 128-query one)."""
+    parts = {
+        "gen_dit_config": dict(TINY_DIT_CONFIG, text_feat_dim=llm_hidden_size),
+        "gen_vae_config": dict(TINY_VAE_CONFIG),
+        "gen_image_condition_refiner_config": dict(TINY_REFINER_CONFIG) if with_refiner else None,
+        "gen_axes_dim_rope": list(TINY_DIT_CONFIG["axes_dim_rope"]),
+        "gen_axes_lens": list(TINY_DIT_CONFIG["axes_lens"]),
+        "gen_transport_config": {},
+        "gen_condition_mode": "text_image",
+    }
+    dit, vae, refiner = build_modules(dict(parts, llm_config={"text_config": {"hidden_size": llm_hidden_size}}))
+    tensors: dict[str, torch.Tensor] = {}
+    modules = [(DIT_PREFIX, dit), (VAE_PREFIX, vae)] + ([(REFINER_PREFIX, refiner)] if refiner is not None else [])
+    for i, (prefix, module) in enumerate(modules):
+        random_init_(materialize(module, "cpu", torch.float32), seed=SEED + i)
+        tensors.update({prefix + name: t.detach().clone().contiguous() for name, t in module.state_dict().items()})
+    return parts, tensors

@@ -1,232 +1,311 @@
-"""Single-stream DiT in the Lumina2 / OmniGen2 shape, as used by MammothModa2's generation head.
+"""MammothModa2's DiT: the Lumina2/OmniGen2-style single-stream transformer, with the checkpoint's module names.
 
-Why our own and not diffusers' ``Lumina2Transformer2DModel``: with diffusers 0.42.1 that model fails on an
-empty condition (L=0, the unconditional CFG branch: "cannot reshape tensor of 0 elements" in its attention
-processor), and its complex-valued RoPE tables are precomputed for fixed axis lengths. The layout below follows
-the same published architecture (condition RMSNorm + Linear, context refiner without timestep modulation, noise
-refiner and joint blocks with RMSNorm-based adaLN scale/tanh-gate, GQA attention with QK RMSNorm, SwiGLU, 3-axis
-RoPE, adaLN final layer) but is written from scratch.
+Facts taken from the references (no code copied):
+- Module tree and config fields: bytedance/mammothmoda ``mamoda2/mammothmoda2/model/mammothmoda2_dit/
+  diffusion_transformer.py`` (``Transformer2DModel``) and ``block_lumina2.py``; vllm-project/vllm-omni
+  ``vllm_omni/diffusion/models/mammoth_moda2/mammothmoda2_dit_model.py``. Config fields: patch_size, in_channels,
+  out_channels, hidden_size, num_layers, num_refiner_layers, num_attention_heads, num_kv_heads, multiple_of,
+  ffn_dim_multiplier, norm_eps, axes_dim_rope, axes_lens, text_feat_dim, timestep_scale (is_image_embedder only in
+  the Qwen3-VL "Dev" branch).
+- ``time_caption_embed.caption_embedder`` is re-created by the pipeline as Sequential(RMSNorm(llm_hidden, eps 1e-5),
+  Linear(llm_hidden -> hidden, bias)) (``modeling_mammothmoda2.py`` ``reinit_caption_embedder``), so its input width
+  is the LLM hidden size, not ``text_feat_dim``.
+- Block: diffusers-style Attention (to_q/to_k/to_v without bias, to_out.0 without bias, per-head RMSNorm
+  norm_q/norm_k, GQA), SwiGLU feed_forward (linear_1, linear_3 gate/up, linear_2 down; inner = 4*dim scaled by
+  ffn_dim_multiplier and rounded up to multiple_of: 10240 for dim 2520), norm1 = LuminaRMSNormZero (linear
+  min(dim,1024) -> 4*dim with bias; scale_msa, gate_msa, scale_mlp, gate_mlp; tanh gates) in modulated blocks and a
+  plain RMSNorm in the context refiner, ffn_norm1, norm2, ffn_norm2.
+- Refiners: ``noise_refiner`` and ``ref_image_refiner`` (modulated) and ``context_refiner`` (not modulated), each
+  ``num_refiner_layers`` deep; ``ref_image_patch_embedder`` and ``image_index_embedding`` [5, hidden] exist for
+  reference images (editing), unused by text-to-image but part of the checkpoint.
+- ``norm_out``: LayerNorm without affine (eps 1e-6) scaled by 1 + linear_1(silu(temb)), then linear_2 to p*p*C.
+- Timestep: diffusers ``Timesteps(256, flip_sin_to_cos=True, downscale_freq_shift=0, scale=timestep_scale)`` then
+  ``TimestepEmbedding(256 -> min(hidden, 1024))``; the timestep is cast to the model dtype first (t2i_utils.py
+  ``processing``: ``t.expand(B).to(latents.dtype)``).
+- RoPE (``rope_real.py``): real, interleaved-pair rotation, per-axis frequencies 1/theta^(2k/d), theta 10000, axes
+  concatenated [axis0 | axis1 | axis2]. Caption token j gets position (j, j, j); image patch (r, c) gets
+  (L_caption, r, c) where L_caption is the sample's number of valid condition tokens. Cos/sin are computed in
+  float64 and stored in float32, as the reference tables are.
+- Sequence: context refiner over the condition tokens, noise refiner over the image patches, then the joint
+  sequence [valid condition tokens | image patches | padding] through ``layers``; output = the image rows.
 
-Conventions (the sampler relies on them):
-- ``timestep`` is the flow-matching sigma in [0, 1] (1 = pure noise, 0 = clean), per sample.
-- the output is the velocity d(latents)/d(sigma) = noise - x0, so a diffusers ``FlowMatchEulerDiscreteScheduler``
-  step applies it as is.
+ardit's own: positions are evaluated analytically (no ``axes_lens``-sized table, identical values inside the
+table's range), and a batch may mix samples with different condition lengths: every position-wise op runs on the
+padded batch while attention runs per sample on its valid rows only, so a padded batch gives bit-for-bit the same
+result as running each sample alone on CPU (packed classifier-free guidance).
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-from diffusers.configuration_utils import ConfigMixin, register_to_config
-from diffusers.models.modeling_utils import ModelMixin
+from diffusers.models.embeddings import TimestepEmbedding, Timesteps
 from torch import nn
 
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """RMSNorm computed in float32 for stability, returned in the input dtype."""
-    out = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
-    if weight is not None:
-        out = out * weight.float()
-    return out.to(x.dtype)
+ROPE_THETA = 10000.0
+FREQUENCY_EMBEDDING_SIZE = 256
+MAX_REF_IMAGES = 5  # image_index_embedding rows
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    """Qwen2-style RMSNorm: normalise in float32, cast back, then scale (what the references substitute everywhere)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
 
 
-def rope_angles(positions: torch.Tensor, axes_dim: tuple[int, ...], theta: float) -> torch.Tensor:
-    """Rotation angles [B, S, sum(axes_dim)/2] for integer positions [B, S, n_axes], one frequency band per axis."""
+def ffn_inner_dim(dim: int, multiple_of: int, ffn_dim_multiplier: float | None) -> int:
+    """LuminaFeedForward width: 4*dim, optionally scaled, rounded up to a multiple (2520 -> 10240)."""
+    inner = 4 * dim
+    if ffn_dim_multiplier is not None:
+        inner = int(ffn_dim_multiplier * inner)
+    return multiple_of * ((inner + multiple_of - 1) // multiple_of)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, inner: int):
+        super().__init__()
+        self.linear_1 = nn.Linear(dim, inner, bias=False)
+        self.linear_2 = nn.Linear(inner, dim, bias=False)
+        self.linear_3 = nn.Linear(dim, inner, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = self.linear_1(x)
+        return self.linear_2(F.silu(gate.float()).to(gate.dtype) * self.linear_3(x))
+
+
+MIN_ROWS = 16
+
+
+def _rows(n: int) -> int:
+    return max(n, MIN_ROWS)
+
+
+def rope_tables(positions: torch.Tensor, axes_dim: Sequence[int], theta: float = ROPE_THETA):
+    """cos, sin [B, S, sum(axes_dim)/2] (float32) for integer positions [B, S, n_axes]."""
     parts = []
     for axis, dim in enumerate(axes_dim):
         freqs = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device) / dim)
         parts.append(positions[..., axis].to(torch.float64)[..., None] * freqs)
-    return torch.cat(parts, dim=-1).float()
+    angles = torch.cat(parts, dim=-1)
+    return angles.cos().float(), angles.sin().float()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotates adjacent channel pairs of x [B, S, H, D] (the real form of Lumina's complex RoPE)."""
+    """Rotates adjacent channel pairs of x [B, S, H, D] by the per-position angles; float32 math, dtype kept."""
     pairs = x.float().unflatten(-1, (-1, 2))
     x0, x1 = pairs[..., 0], pairs[..., 1]
     cos, sin = cos[:, :, None], sin[:, :, None]
-    out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
-    return out.flatten(-2).to(x.dtype)
+    return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).to(x.dtype)
 
 
 class Attention(nn.Module):
-    """Grouped-query self-attention with per-head QK RMSNorm and RoPE, via torch SDPA."""
+    """Self-attention with GQA, per-head QK RMSNorm and RoPE; parameter names as diffusers' Attention."""
 
-    def __init__(self, dim: int, heads: int, kv_heads: int, eps: float):
+    def __init__(self, dim: int, heads: int, kv_heads: int):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
         self.to_q = nn.Linear(dim, heads * self.head_dim, bias=False)
         self.to_k = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
         self.to_v = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
-        self.norm_q = RMSNorm(self.head_dim, eps)
-        self.norm_k = RMSNorm(self.head_dim, eps)
-        self.to_out = nn.Linear(heads * self.head_dim, dim, bias=False)
+        self.norm_q = RMSNorm(self.head_dim, eps=1e-5)
+        self.norm_k = RMSNorm(self.head_dim, eps=1e-5)
+        self.to_out = nn.ModuleList([nn.Linear(heads * self.head_dim, dim, bias=False), nn.Dropout(0.0)])
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_mask: torch.Tensor | None):
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int] | None) -> torch.Tensor:
+        """x [B, S, dim]; ``lengths`` = valid leading rows per sample (None: all S). Padded rows come out zero."""
         b, s, _ = x.shape
         q = self.norm_q(self.to_q(x).view(b, s, self.heads, self.head_dim))
         k = self.norm_k(self.to_k(x).view(b, s, self.kv_heads, self.head_dim))
         v = self.to_v(x).view(b, s, self.kv_heads, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        mask = None if key_mask is None else key_mask[:, None, None, :]
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, enable_gqa=True
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, S, D]
+        if self.kv_heads != self.heads:  # query head h reads kv head h // (heads / kv_heads), as the references
+            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
+            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        if lengths is None or all(n == s for n in lengths):
+            out = F.scaled_dot_product_attention(q, k, v)
+        else:
+            # Each sample attends over its own valid rows only (the reference's varlen path), so padding can
+            # never change a valid row's result, not even by rounding.
+            out = q.new_zeros(q.shape)
+            for i, n in enumerate(lengths):
+                if n > 0:
+                    out[i : i + 1, :, :n] = F.scaled_dot_product_attention(
+                        q[i : i + 1, :, :n], k[i : i + 1, :, :n], v[i : i + 1, :, :n]
+                    )
+        out = out.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
+        return self.to_out[1](self.to_out[0](out))
+
+
+class RMSNormZero(nn.Module):
+    """LuminaRMSNormZero: the timestep sets the attention input scale and the tanh gates."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.linear = nn.Linear(min(dim, 1024), 4 * dim, bias=True)
+        self.norm = RMSNorm(dim, eps)
+
+    def forward(self, x: torch.Tensor, temb: torch.Tensor):
+        scale_msa, gate_msa, scale_mlp, gate_mlp = self.linear(F.silu(temb)).chunk(4, dim=1)
+        return self.norm(x) * (1 + scale_msa[:, None]), gate_msa, scale_mlp, gate_mlp
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, dim, heads, kv_heads, multiple_of, ffn_dim_multiplier, eps, modulation: bool):
+        super().__init__()
+        self.modulation = modulation
+        self.attn = Attention(dim, heads, kv_heads)
+        self.feed_forward = FeedForward(dim, ffn_inner_dim(dim, multiple_of, ffn_dim_multiplier))
+        self.norm1 = RMSNormZero(dim, eps) if modulation else RMSNorm(dim, eps)
+        self.ffn_norm1 = RMSNorm(dim, eps)
+        self.norm2 = RMSNorm(dim, eps)
+        self.ffn_norm2 = RMSNorm(dim, eps)
+
+    def forward(self, x, cos, sin, lengths, temb=None):
+        if self.modulation:
+            h, gate_msa, scale_mlp, gate_mlp = self.norm1(x, temb)
+            x = x + gate_msa[:, None].tanh() * self.norm2(self.attn(h, cos, sin, lengths))
+            out = self.feed_forward(self.ffn_norm1(x) * (1 + scale_mlp[:, None]))
+            return x + gate_mlp[:, None].tanh() * self.ffn_norm2(out)
+        x = x + self.norm2(self.attn(self.norm1(x), cos, sin, lengths))
+        return x + self.ffn_norm2(self.feed_forward(self.ffn_norm1(x)))
+
+
+class TimeCaptionEmbed(nn.Module):
+    """``time_caption_embed``: sinusoidal timestep -> MLP, and the condition projection (caption_embedder)."""
+
+    def __init__(self, hidden_size: int, condition_dim: int, norm_eps: float, timestep_scale: float):
+        super().__init__()
+        self.time_proj = Timesteps(
+            num_channels=FREQUENCY_EMBEDDING_SIZE, flip_sin_to_cos=True, downscale_freq_shift=0.0, scale=timestep_scale
         )
-        return self.to_out(out.transpose(1, 2).reshape(b, s, -1))
+        self.timestep_embedder = TimestepEmbedding(in_channels=FREQUENCY_EMBEDDING_SIZE, time_embed_dim=min(hidden_size, 1024))
+        # Upstream re-creates this with the LLM's hidden size (and RMSNorm eps 1e-5 regardless of norm_eps).
+        self.caption_embedder = nn.Sequential(RMSNorm(condition_dim, eps=1e-5), nn.Linear(condition_dim, hidden_size, bias=True))
+
+    def forward(self, timestep: torch.Tensor, condition: torch.Tensor, dtype: torch.dtype):
+        temb = self.timestep_embedder(self.time_proj(timestep).to(dtype))
+        return temb, self.caption_embedder(condition)
 
 
-class SwiGLU(nn.Module):
-    def __init__(self, dim: int, hidden: int):
+class LayerNormContinuous(nn.Module):
+    """``norm_out``: affine-free LayerNorm scaled by the timestep, then the patch projection."""
+
+    def __init__(self, dim: int, out_dim: int):
         super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.linear_1 = nn.Linear(min(dim, 1024), dim, bias=True)
+        self.norm = nn.LayerNorm(dim, eps=1e-6, elementwise_affine=False)
+        self.linear_2 = nn.Linear(dim, out_dim, bias=True)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
-def swiglu_hidden(dim: int, multiple_of: int, ffn_dim_multiplier: float | None) -> int:
-    """Llama/Lumina FFN width: 2/3 of 4*dim, optionally scaled, rounded up to a multiple."""
-    hidden = int(2 * (4 * dim) / 3)
-    if ffn_dim_multiplier is not None:
-        hidden = int(ffn_dim_multiplier * hidden)
-    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+    def forward(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
+        scale = self.linear_1(F.silu(temb).to(x.dtype))
+        return self.linear_2(self.norm(x) * (1 + scale)[:, None, :])
 
 
-class Block(nn.Module):
-    """Pre/post-RMSNorm transformer block; with ``modulated`` the timestep sets scales and tanh gates (RMSNormZero)."""
+class MammothDiT(nn.Module):
+    """forward(latents [B,C,h,w], timestep t in [0,1] (0 = noise) [B], condition [B,L,llm_hidden], mask) -> velocity."""
 
-    def __init__(self, dim, heads, kv_heads, ffn_hidden, eps, temb_dim, modulated: bool):
-        super().__init__()
-        self.eps = eps
-        self.attn = Attention(dim, heads, kv_heads, eps)
-        self.ffn = SwiGLU(dim, ffn_hidden)
-        self.attn_norm_in = RMSNorm(dim, eps)
-        self.attn_norm_out = RMSNorm(dim, eps)
-        self.ffn_norm_in = RMSNorm(dim, eps)
-        self.ffn_norm_out = RMSNorm(dim, eps)
-        self.adaln = nn.Linear(temb_dim, 4 * dim) if modulated else None
+    CONFIG_FIELDS = (
+        "patch_size", "in_channels", "out_channels", "hidden_size", "num_layers", "num_refiner_layers",
+        "num_attention_heads", "num_kv_heads", "multiple_of", "ffn_dim_multiplier", "norm_eps", "axes_dim_rope",
+        "axes_lens", "text_feat_dim", "timestep_scale", "is_image_embedder",
+    )
 
-    def forward(self, x, cos, sin, key_mask, temb=None):
-        if self.adaln is None:
-            x = x + self.attn_norm_out(self.attn(self.attn_norm_in(x), cos, sin, key_mask))
-            return x + self.ffn_norm_out(self.ffn(self.ffn_norm_in(x)))
-        scale_attn, gate_attn, scale_ffn, gate_ffn = self.adaln(F.silu(temb))[:, None].chunk(4, dim=-1)
-        h = self.attn(self.attn_norm_in(x) * (1 + scale_attn), cos, sin, key_mask)
-        x = x + gate_attn.tanh() * self.attn_norm_out(h)
-        h = self.ffn(self.ffn_norm_in(x) * (1 + scale_ffn))
-        return x + gate_ffn.tanh() * self.ffn_norm_out(h)
-
-
-class TimestepEmbedding(nn.Module):
-    """Sinusoidal features ([cos, sin], as diffusers' Timesteps with flip_sin_to_cos) then a 2-layer MLP."""
-
-    def __init__(self, out_dim: int, freq_dim: int, scale: float):
-        super().__init__()
-        self.freq_dim, self.scale = freq_dim, scale
-        self.linear_1 = nn.Linear(freq_dim, out_dim)
-        self.linear_2 = nn.Linear(out_dim, out_dim)
-
-    def forward(self, t: torch.Tensor) -> torch.Tensor:
-        half = self.freq_dim // 2
-        freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
-        args = (t.float() * self.scale)[:, None] * freqs[None]
-        feats = torch.cat([torch.cos(args), torch.sin(args)], dim=-1).to(self.linear_1.weight.dtype)
-        return self.linear_2(F.silu(self.linear_1(feats)))
-
-
-class ArditDiTTransformer(ModelMixin, ConfigMixin):
-    """Condition-to-velocity DiT: forward(latents, sigma, condition, condition_mask) -> velocity."""
-
-    _supports_gradient_checkpointing = False
-    _no_split_modules = ["Block"]
-
-    @register_to_config
     def __init__(
         self,
+        condition_dim: int,
+        patch_size: int = 2,
         in_channels: int = 16,
         out_channels: int | None = None,
-        patch_size: int = 2,
-        hidden_size: int = 2520,
+        hidden_size: int = 2304,
         num_layers: int = 26,
-        num_context_refiner_layers: int = 2,
-        num_noise_refiner_layers: int = 2,
-        num_attention_heads: int = 21,
-        num_kv_heads: int = 7,
+        num_refiner_layers: int = 2,
+        num_attention_heads: int = 24,
+        num_kv_heads: int = 8,
         multiple_of: int = 256,
         ffn_dim_multiplier: float | None = None,
         norm_eps: float = 1e-5,
-        axes_dim_rope: tuple[int, int, int] = (40, 40, 40),
-        rope_theta: float = 10000.0,
-        cond_dim: int = 3584,
-        timestep_freq_dim: int = 256,
+        axes_dim_rope: Sequence[int] = (32, 32, 32),
+        axes_lens: Sequence[int] = (300, 512, 512),
+        text_feat_dim: int = 1024,
         timestep_scale: float = 1.0,
+        is_image_embedder: bool = False,
     ):
         super().__init__()
-        head_dim = hidden_size // num_attention_heads
-        if head_dim * num_attention_heads != hidden_size or sum(axes_dim_rope) != head_dim:
-            raise ValueError("hidden_size must split into heads whose head_dim equals sum(axes_dim_rope)")
-        if any(d % 2 for d in axes_dim_rope):
-            raise ValueError("every RoPE axis needs an even number of channels")
+        # Defaults are the reference class's; a checkpoint's gen_dit_config sets them all.
+        if hidden_size // num_attention_heads != sum(axes_dim_rope):
+            raise ValueError(
+                f"hidden_size // num_attention_heads ({hidden_size // num_attention_heads}) must equal "
+                f"sum(axes_dim_rope) ({sum(axes_dim_rope)})"
+            )
+        if any(d % 2 for d in axes_dim_rope) or num_attention_heads % num_kv_heads:
+            raise ValueError("RoPE axes need even sizes and num_attention_heads must be a multiple of num_kv_heads")
+        if is_image_embedder:
+            raise NotImplementedError(
+                "gen_dit_config.is_image_embedder (the Qwen3-VL 'Dev' layout with a Q-Former inside the DiT) is not "
+                "served by ardit; MammothModa2-Preview keeps its refiner as gen_image_condition_refiner"
+            )
+        del text_feat_dim  # replaced by the LLM hidden size (reinit_caption_embedder)
+        self.patch_size, self.in_channels = patch_size, in_channels
         self.out_channels = out_channels or in_channels
-        temb_dim = min(hidden_size, 1024)
-        ffn_hidden = swiglu_hidden(hidden_size, multiple_of, ffn_dim_multiplier)
+        self.hidden_size = hidden_size
+        self.axes_dim_rope = tuple(int(d) for d in axes_dim_rope)
+        self.axes_lens = tuple(int(n) for n in axes_lens)
+        patch_dim = patch_size * patch_size * in_channels
 
-        def blocks(n: int, modulated: bool) -> nn.ModuleList:
+        def blocks(n: int, modulation: bool) -> nn.ModuleList:
             return nn.ModuleList(
-                Block(hidden_size, num_attention_heads, num_kv_heads, ffn_hidden, norm_eps, temb_dim, modulated)
+                TransformerBlock(hidden_size, num_attention_heads, num_kv_heads, multiple_of, ffn_dim_multiplier,
+                                 norm_eps, modulation)
                 for _ in range(n)
             )
 
-        self.x_embedder = nn.Linear(patch_size * patch_size * in_channels, hidden_size)
-        self.t_embedder = TimestepEmbedding(temb_dim, timestep_freq_dim, timestep_scale)
-        self.cond_norm = RMSNorm(cond_dim, norm_eps)
-        self.cond_proj = nn.Linear(cond_dim, hidden_size)
-        self.context_refiner = blocks(num_context_refiner_layers, modulated=False)
-        self.noise_refiner = blocks(num_noise_refiner_layers, modulated=True)
-        self.layers = blocks(num_layers, modulated=True)
-        self.norm_out_scale = nn.Linear(temb_dim, hidden_size)
-        self.proj_out = nn.Linear(hidden_size, patch_size * patch_size * self.out_channels)
+        self.x_embedder = nn.Linear(patch_dim, hidden_size)
+        self.ref_image_patch_embedder = nn.Linear(patch_dim, hidden_size)
+        self.time_caption_embed = TimeCaptionEmbed(hidden_size, condition_dim, norm_eps, timestep_scale)
+        self.noise_refiner = blocks(num_refiner_layers, True)
+        self.ref_image_refiner = blocks(num_refiner_layers, True)
+        self.context_refiner = blocks(num_refiner_layers, False)
+        self.layers = blocks(num_layers, True)
+        self.norm_out = LayerNormContinuous(hidden_size, patch_size * patch_size * self.out_channels)
+        self.image_index_embedding = nn.Parameter(torch.zeros(MAX_REF_IMAGES, hidden_size))
+
+    @classmethod
+    def from_config(cls, config: dict, condition_dim: int) -> "MammothDiT":
+        known = {k: v for k, v in config.items() if not k.startswith("_")}
+        unknown = set(known) - set(cls.CONFIG_FIELDS)
+        if unknown:
+            raise ValueError(f"gen_dit_config has fields this DiT does not know: {sorted(unknown)}")
+        return cls(condition_dim=condition_dim, **known)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.x_embedder.weight.dtype
 
     # -- token layout -------------------------------------------------------------------------------------------
 
     def _patchify(self, latents: torch.Tensor) -> torch.Tensor:
+        """[B, C, h, w] -> [B, (h/p)*(w/p), p*p*C], channel-last inside a patch ("(p1 p2 c)")."""
         b, c, h, w = latents.shape
-        p = self.config.patch_size
-        x = latents.view(b, c, h // p, p, w // p, p).permute(0, 2, 4, 3, 5, 1)  # b, gh, gw, p, p, c
+        p = self.patch_size
+        x = latents.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 3, 5, 1)
         return x.reshape(b, (h // p) * (w // p), p * p * c)
 
     def _unpatchify(self, tokens: torch.Tensor, h: int, w: int) -> torch.Tensor:
-        b, p, c = tokens.shape[0], self.config.patch_size, self.out_channels
-        x = tokens.view(b, h // p, w // p, p, p, c).permute(0, 5, 1, 3, 2, 4)  # b, c, gh, p, gw, p
+        b, p, c = tokens.shape[0], self.patch_size, self.out_channels
+        x = tokens.reshape(b, h // p, w // p, p, p, c).permute(0, 5, 1, 3, 2, 4)
         return x.reshape(b, c, h, w)
-
-    def _positions(self, cond_mask: torch.Tensor, gh: int, gw: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """3-axis positions: condition token j -> (j, 0, 0) over valid tokens; image patch -> (L_valid, row, col)."""
-        b, device = cond_mask.shape[0], cond_mask.device
-        cond_pos = torch.zeros(b, cond_mask.shape[1], 3, dtype=torch.long, device=device)
-        cond_pos[..., 0] = (cond_mask.long().cumsum(1) - 1).clamp(min=0)
-        rows = torch.arange(gh, device=device).repeat_interleave(gw)
-        cols = torch.arange(gw, device=device).repeat(gh)
-        offset = cond_mask.long().sum(1, keepdim=True).expand(b, gh * gw)
-        img_pos = torch.stack([offset, rows.expand(b, -1), cols.expand(b, -1)], dim=-1)
-        return cond_pos, img_pos
-
-    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        angles = rope_angles(positions, tuple(self.config.axes_dim_rope), self.config.rope_theta)
-        return angles.cos(), angles.sin()
 
     # -- forward --------------------------------------------------------------------------------------------------
 
@@ -235,47 +314,79 @@ class ArditDiTTransformer(ModelMixin, ConfigMixin):
         latents: torch.Tensor,
         timestep: torch.Tensor,
         condition: torch.Tensor,
-        condition_mask: torch.Tensor | None = None,
+        condition_lengths: Sequence[int] | None = None,
     ) -> torch.Tensor:
-        """latents [B,C,h,w], timestep (sigma) [B], condition [B,L,cond_dim] (L may be 0), mask [B,L] -> [B,C,h,w]."""
+        """latents [B,C,h,w], timestep [B], condition [B,L,condition_dim]; sample i uses condition[i, :lengths[i]]."""
         b, _, h, w = latents.shape
-        p = self.config.patch_size
+        p = self.patch_size
+        if h % p or w % p:
+            raise ValueError(f"latent size {h}x{w} is not a multiple of patch_size {p}")
         gh, gw = h // p, w // p
-        n_cond = condition.shape[1]
-        padded = condition_mask is not None and not bool(condition_mask.all())
-        if condition_mask is None:
-            condition_mask = torch.ones(b, n_cond, dtype=torch.bool, device=latents.device)
-        condition_mask = condition_mask.to(device=latents.device, dtype=torch.bool)
+        n_img = gh * gw
+        max_cond = condition.shape[1]
+        lengths = [max_cond] * b if condition_lengths is None else [int(n) for n in condition_lengths]
+        if len(lengths) != b or any(not 0 <= n <= max_cond for n in lengths):
+            raise ValueError(f"condition_lengths {lengths} do not fit a batch of {b} with {max_cond} positions")
+        device, dtype = latents.device, self.dtype
 
-        temb = self.t_embedder(timestep.to(latents.device).expand(b))
-        cond_pos, img_pos = self._positions(condition_mask, gh, gw)
-        cond_cos, cond_sin = self._rope(cond_pos)
-        img_cos, img_sin = self._rope(img_pos)
+        timestep = timestep.to(device=device, dtype=dtype).reshape(-1)
+        if bool((timestep == timestep[0]).all()):
+            # One shared time (a CFG pair): embed it once as [1, D] and let it broadcast over the batch, so every
+            # sample's modulation is computed exactly as for a batch of one.
+            timestep = timestep[:1]
+        elif timestep.shape[0] != b:
+            raise ValueError(f"timestep must have 1 or {b} values; got {timestep.shape[0]}")
+        # Token tensors get at least MIN_ROWS rows (zero padding that attention never reads): CPU GEMMs take a
+        # different kernel for a handful of rows, and a padded CFG batch must see the same kernels as a batch of one.
+        cond_rows = _rows(max_cond) if max_cond > 0 else 0
+        condition = F.pad(condition.to(device=device, dtype=dtype), (0, 0, 0, cond_rows - max_cond))
+        temb, cond = self.time_caption_embed(timestep, condition, dtype)
 
-        img = self.x_embedder(self._patchify(latents.to(self.x_embedder.weight.dtype)))
-        for block in self.noise_refiner:
-            img = block(img, img_cos, img_sin, None, temb)
+        # Positions (rope_real.py): caption j -> (j, j, j); image patch -> (L_i, row, col).
+        cap_pos = torch.arange(cond_rows, device=device)[None, :, None].expand(b, cond_rows, 3)
+        rows = torch.arange(gh, device=device).repeat_interleave(gw)
+        cols = torch.arange(gw, device=device).repeat(gh)
+        shift = torch.tensor(lengths, device=device)[:, None].expand(b, n_img)
+        img_pos = torch.stack([shift, rows.expand(b, -1), cols.expand(b, -1)], dim=-1)
+        cap_cos, cap_sin = rope_tables(cap_pos, self.axes_dim_rope)
+        img_cos, img_sin = rope_tables(img_pos, self.axes_dim_rope)
 
-        cond = self.cond_proj(self.cond_norm(condition.to(self.cond_proj.weight.dtype)))
-        if n_cond > 0:
-            # A sample with no valid tokens may look at its (zeroed) padding so no softmax row is empty (NaN);
-            # padded rows are zeroed after every block so they never leak NaN/garbage into later attention.
-            refiner_mask = (condition_mask | ~condition_mask.any(1, keepdim=True)) if padded else None
-            keep = condition_mask[..., None]
-            for block in self.context_refiner:
-                cond = block(cond, cond_cos, cond_sin, refiner_mask)
-                if padded:
-                    cond = torch.where(keep, cond, torch.zeros_like(cond))
+        if max_cond > 0:
+            for layer in self.context_refiner:
+                cond = layer(cond, cap_cos, cap_sin, lengths)
 
-        x = torch.cat([cond, img], dim=1)
-        cos, sin = torch.cat([cond_cos, img_cos], dim=1), torch.cat([cond_sin, img_sin], dim=1)
-        joint_mask = None
-        if padded:
-            joint_mask = torch.cat([condition_mask, condition_mask.new_ones(b, gh * gw)], dim=1)
-        for block in self.layers:
-            x = block(x, cos, sin, joint_mask, temb)
+        img_rows = _rows(n_img)
+        img = self.x_embedder(F.pad(self._patchify(latents.to(dtype)), (0, 0, 0, img_rows - n_img)))
+        img_lengths = None if img_rows == n_img else [n_img] * b
+        pad_img = lambda t: F.pad(t, (0, 0, 0, img_rows - n_img))  # noqa: E731
+        for layer in self.noise_refiner:
+            img = layer(img, pad_img(img_cos), pad_img(img_sin), img_lengths, temb)
 
-        img = x[:, n_cond:]
-        scale = self.norm_out_scale(F.silu(temb))[:, None]
-        img = F.layer_norm(img, (img.shape[-1],), eps=1e-6) * (1 + scale)
-        return self._unpatchify(self.proj_out(img), h, w)
+        # Joint sequence per sample: [its valid condition rows | image rows | padding].
+        seq_lengths = [n + n_img for n in lengths]
+        total = _rows(max(seq_lengths))
+        if all(n == cond_rows for n in lengths) and img_rows == n_img and total == cond_rows + n_img:
+            x = torch.cat([cond, img], dim=1)
+            cos, sin = torch.cat([cap_cos, img_cos], dim=1), torch.cat([cap_sin, img_sin], dim=1)
+        else:
+            x = img.new_zeros(b, total, self.hidden_size)
+            cos = img_cos.new_zeros(b, total, img_cos.shape[-1])
+            sin = torch.zeros_like(cos)
+            for i, n in enumerate(lengths):
+                x[i, :n], x[i, n : n + n_img] = cond[i, :n], img[i, :n_img]
+                cos[i, :n], cos[i, n : n + n_img] = cap_cos[i, :n], img_cos[i]
+                sin[i, :n], sin[i, n : n + n_img] = cap_sin[i, :n], img_sin[i]
+        for layer in self.layers:
+            x = layer(x, cos, sin, seq_lengths, temb)
+
+        x = self.norm_out(x, temb)
+        out = torch.stack([x[i, n : n + n_img] for i, n in enumerate(lengths)])
+        return self._unpatchify(out, h, w)
+
+
+def dit_parameter_count(config: dict, condition_dim: int) -> int:
+    """Parameters of the DiT a gen_dit_config describes, without allocating it (meta device)."""
+    with torch.device("meta"):
+        model = MammothDiT.from_config(config, condition_dim)
+    return sum(p.numel() for p in model.parameters())
+

@@ -2,8 +2,11 @@ import pytest
 import torch
 
 from ar_service.generation import (
+    ConditionLengthError,
     GenerationCancelled,
+    check_image_condition,
     generate_grid,
+    image_condition_mask,
     prompt_ids_for,
     text_condition_for,
     text_condition_mask,
@@ -37,7 +40,7 @@ def test_grid_contract(run, tiny_ar):
         if i % (GRID.width + 1) == GRID.width:
             assert token == t2i.eol_token_id
         else:
-            assert t2i.visual_token_start_id <= token <= t2i.visual_token_end_id
+            assert t2i.visual_token_start_id <= token < t2i.visual_token_end_id
     assert result.image_condition.shape == (GRID.condition_positions, 64)
     assert result.prefill_ms > 0 and result.decode_ms > 0
 
@@ -65,8 +68,28 @@ def test_text_condition(run, tiny_ar):
 
 def test_text_condition_drops_vision_placeholders(tiny_ar):
     cfg = tiny_ar.config
-    ids = [1, cfg.vision_start_token_id, cfg.image_token_id, cfg.video_token_id, cfg.vision_end_token_id, 2, 512]
-    assert text_condition_mask(ids, cfg).tolist() == [True, False, False, False, False, True, False]
+    ids = [1, cfg.vision_start_token_id, cfg.image_token_id, cfg.video_token_id, cfg.vision_end_token_id, 2, 512, 583]
+    assert text_condition_mask(ids, cfg).tolist() == [True, False, False, False, False, True, False, False]
+
+
+def test_image_condition_is_gen_ids_without_the_look_ahead(run, tiny_ar):
+    result, _ = run
+    mask = image_condition_mask(result.token_ids, tiny_ar.config)
+    assert mask.shape == (GRID.decode_tokens - 1,) and mask.all()
+    assert int(mask.sum()) == GRID.height * (GRID.width + 1) == result.image_condition.shape[0]
+    eols = [t for i, t in enumerate(result.token_ids[:-1]) if i % (GRID.width + 1) == GRID.width]
+    assert eols == [tiny_ar.t2i.eol_token_id] * GRID.height  # EOL rows are part of the condition
+    check_image_condition(result.token_ids, tiny_ar.config, GRID)
+
+
+def test_image_condition_length_mismatch_raises(run, tiny_ar):
+    result, _ = run
+    broken = list(result.token_ids)
+    broken[5] = 7  # a text id inside the grid
+    with pytest.raises(ConditionLengthError, match=r"272 positions; a 16x16 grid needs 16 \* \(16 \+ 1\) = 273|271 positions"):
+        check_image_condition(broken, tiny_ar.config, GRID)
+    with pytest.raises(ConditionLengthError):
+        check_image_condition(result.token_ids[:-2], tiny_ar.config, GRID)
 
 
 def test_seed_determinism(run, tiny_ar):

@@ -6,7 +6,7 @@ import pytest
 
 from ar_service.prompt import Grid, allowed_token_range, build_t2i_prompt, grid_for_size
 
-IDS = SimpleNamespace(eol_token_id=100, visual_token_start_id=108, visual_token_end_id=171)
+IDS = SimpleNamespace(eol_token_id=100, visual_token_start_id=108, visual_token_end_id=172)  # end exclusive
 
 
 def test_prompt_envelope_is_pinned():

@@ -1,33 +1,62 @@
-"""One tiny DiT stack per test session, written with the same function tools/make_tiny.py uses."""
+"""Tiny DiT-stage checkpoints in the upstream MammothModa2 layout, loaded through the real checkpoint path."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 
 from dit_service.model.pipeline import DiTPipeline
-from dit_service.model.tiny import write_tiny_dit_stack
+from dit_service.model.tiny import tiny_gen_parts
+from servicekit.checkpoint import open_checkpoint, save_tensors
 
 CONDITION_DIM = 64
 
 
-@pytest.fixture(scope="session")
-def tiny_dit_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny_dit")
-    write_tiny_dit_stack(root, condition_dim=CONDITION_DIM)
+def write_root(root, with_refiner: bool = False, mutate=None):
+    """A checkpoint root holding only the DiT-stage parts (the AR's are not needed to open it)."""
+    parts, tensors = tiny_gen_parts(CONDITION_DIM, with_refiner=with_refiner)
+    config = {"model_type": "mammothmoda2", "architectures": ["Mammothmoda2Model"],
+              "llm_config": {"model_type": "mammothmoda2_qwen2_5_vl", "text_config": {"hidden_size": CONDITION_DIM}},
+              **parts}
+    if mutate is not None:
+        mutate(config, tensors)
+    (root / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    save_tensors(root, tensors)
     return root
 
 
 @pytest.fixture(scope="session")
-def pipeline(tiny_dit_dir):
-    return DiTPipeline.from_directory(tiny_dit_dir)
+def tiny_root(tmp_path_factory):
+    return write_root(tmp_path_factory.mktemp("tiny_dit"))
 
 
 @pytest.fixture(scope="session")
-def condition():
-    return torch.randn(12, CONDITION_DIM, generator=torch.Generator().manual_seed(123))
+def refiner_root(tmp_path_factory):
+    return write_root(tmp_path_factory.mktemp("tiny_dit_refiner"), with_refiner=True)
 
 
 @pytest.fixture(scope="session")
-def empty_condition():
+def pipeline(tiny_root):
+    return DiTPipeline.from_checkpoint(open_checkpoint(tiny_root))
+
+
+@pytest.fixture(scope="session")
+def refiner_pipeline(refiner_root):
+    return DiTPipeline.from_checkpoint(open_checkpoint(refiner_root))
+
+
+@pytest.fixture(scope="session")
+def text():
+    return torch.randn(5, CONDITION_DIM, generator=torch.Generator().manual_seed(123))
+
+
+@pytest.fixture(scope="session")
+def image():
+    return torch.randn(12, CONDITION_DIM, generator=torch.Generator().manual_seed(321))
+
+
+@pytest.fixture(scope="session")
+def empty():
     return torch.zeros(0, CONDITION_DIM)

@@ -32,7 +32,7 @@ def renderer(stack):
 
 @pytest.fixture(scope="module")
 def t2i(stack) -> dict:
-    return json.loads((stack.model_dir / "ar" / "t2i_generation_config.json").read_text())
+    return json.loads((stack.model_dir / "t2i_generation_config.json").read_text())
 
 
 def test_generate_image_unary(generator):

@@ -61,7 +61,8 @@ def test_stage_filter_refuses_knobs_of_other_stages():
 
 def test_resolve_fills_defaults_and_prefers_given_ones():
     resolved = KNOBS.resolve({"num_inference_steps": 4}, {}, stages=("dit",))
-    assert resolved == {"num_inference_steps": 4, "text_guidance_scale": 9.0, "cfg_range": [0.0, 1.0]}
+    assert resolved == {"num_inference_steps": 4, "text_guidance_scale": 9.0, "cfg_range": [0.0, 1.0],
+                        "cfg_execution_mode": "sequential"}
     ar = KNOBS.resolve({}, {"temperature": 1.0, "top_k": 2048, "top_p": 1.0}, stages=("ar",))
     assert ar == {"temperature": 1.0, "top_k": 2048, "top_p": 1.0}
 
@@ -73,3 +74,9 @@ def test_quality_presets():
     with pytest.raises(RequestRejected) as info:
         KNOBS.steps_for_quality("ultra")
     assert info.value.param == "quality"
+
+
+def test_cfg_execution_mode_choices():
+    assert KNOBS.validate({"cfg_execution_mode": "packed"}) == {"cfg_execution_mode": "packed"}
+    with pytest.raises(RequestRejected, match="cfg_execution_mode"):
+        KNOBS.validate({"cfg_execution_mode": "parallel"})

@@ -1,0 +1,84 @@
+"""The optional Q-Former image-condition refiner (``gen_image_condition_refiner``, SimpleQFormerImageRefiner).
+
+Facts (no code copied): vllm-project/vllm-omni ``vllm_omni/diffusion/models/mammoth_moda2/mammothmoda2_dit_model.py``
+(``SimpleQFormerImageRefiner``) and ``pipeline_mammothmoda2_dit.py``; bytedance/mammothmoda
+``mammothmoda2/model/modeling_mammothmoda2.py`` (built with ``hidden_size = llm hidden`` and
+``**gen_image_condition_refiner_config`` when that config is not null) and ``mammothmoda2/utils/t2i_utils.py``
+(``encode_full_prompts``: applied to the image condition only, with key_padding_mask = ~mask; its output replaces the
+image condition and is fully valid).
+
+Structure: ``input_proj`` = Sequential(RMSNorm(in), Linear(in -> hidden, bias)); learnable ``query`` [1, Q, hidden];
+``layers.N`` = {ln_q1, self_attn (nn.MultiheadAttention, batch_first), ln_q2, cross_attn (queries attend to the
+projected inputs), ln_ffn, ffn (SwiGLU, inner 4*hidden rounded up to 256)}; pre-norm residuals. Heads: the given
+number if it divides hidden, else hidden // 128 (min 1) if that divides, else the divisor of hidden nearest to
+round(hidden / 128). Output [B, Q, hidden] (hidden = output_hidden_size or the input width).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dit_service.model.transformer import FeedForward, RMSNorm, ffn_inner_dim
+
+
+def choose_num_heads(hidden_size: int, proposed: int | None, preferred_head_dim: int = 128) -> int:
+    if proposed is None:
+        proposed = max(1, hidden_size // preferred_head_dim)
+    if proposed > 0 and hidden_size % proposed == 0:
+        return proposed
+    target = max(1, round(hidden_size / preferred_head_dim))
+    divisors = [d for d in range(1, min(128, hidden_size) + 1) if hidden_size % d == 0]
+    return min(divisors, key=lambda d: (abs(d - target), -d))
+
+
+class QFormerLayer(nn.Module):
+    def __init__(self, hidden: int, heads: int, eps: float, dropout: float):
+        super().__init__()
+        self.ln_q1 = RMSNorm(hidden, eps)
+        self.self_attn = nn.MultiheadAttention(hidden, heads, dropout=dropout, batch_first=True)
+        self.ln_q2 = RMSNorm(hidden, eps)
+        self.cross_attn = nn.MultiheadAttention(hidden, heads, dropout=dropout, batch_first=True)
+        self.ln_ffn = RMSNorm(hidden, eps)
+        self.ffn = FeedForward(hidden, ffn_inner_dim(hidden, 256, None))
+
+
+class ImageConditionRefiner(nn.Module):
+    CONFIG_FIELDS = ("output_hidden_size", "num_queries", "num_layers", "num_heads", "dropout", "norm_eps")
+
+    def __init__(
+        self,
+        hidden_size: int,
+        output_hidden_size: int | None = None,
+        num_queries: int = 128,
+        num_layers: int = 2,
+        num_heads: int | None = None,
+        dropout: float = 0.0,
+        norm_eps: float = 1e-5,
+    ):
+        super().__init__()
+        hidden = output_hidden_size or hidden_size
+        self.hidden_size, self.num_queries = hidden, num_queries
+        self.num_heads = choose_num_heads(hidden, num_heads)
+        self.input_proj = nn.Sequential(RMSNorm(hidden_size, norm_eps), nn.Linear(hidden_size, hidden, bias=True))
+        self.query = nn.Parameter(torch.zeros(1, num_queries, hidden))
+        self.layers = nn.ModuleList(QFormerLayer(hidden, self.num_heads, norm_eps, dropout) for _ in range(num_layers))
+
+    @classmethod
+    def from_config(cls, config: dict, llm_hidden_size: int) -> "ImageConditionRefiner":
+        unknown = set(config) - set(cls.CONFIG_FIELDS)
+        if unknown:
+            raise ValueError(f"gen_image_condition_refiner_config has unknown fields: {sorted(unknown)}")
+        return cls(hidden_size=llm_hidden_size, **config)
+
+    def forward(self, x: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, L, in], padding_mask [B, L] (True = padding) -> [B, num_queries, hidden]."""
+        kv = self.input_proj(x)
+        q = self.query.expand(x.shape[0], -1, -1).to(kv.dtype)
+        for layer in self.layers:
+            h = layer.ln_q1(q)
+            q = q + layer.self_attn(h, h, h, need_weights=False)[0]
+            h = layer.ln_q2(q)
+            q = q + layer.cross_attn(h, kv, kv, need_weights=False, key_padding_mask=padding_mask)[0]
+            q = q + layer.ffn(layer.ln_ffn(q))
+        return q

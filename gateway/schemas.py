@@ -1,0 +1,109 @@
+"""Response models for the OpenAPI document: what each route really answers, errors included.
+
+The routes build their JSON by hand (gateway/translate.py); these models only describe it, so that
+a schema-driven fuzzer (bench/fuzz.py, tests/e2e/test_fuzz_openapi.py) can check every answer.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from gateway.protocol import ImagesResponse
+
+
+class ErrorDetail(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error shape, used by every 4xx and 5xx."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    error: ErrorDetail
+
+
+class KnobInfo(BaseModel):
+    name: str
+    type: str
+    default: Any = None
+    minimum: int | float | None = None
+    maximum: int | float | None = None
+    choices: list[str] | None = None
+    description: str
+
+
+class ArditModelInfo(BaseModel):
+    family: str
+    default_size: str
+    max_side: int
+    size_multiple: int
+    max_prompt_tokens: int
+    knobs: list[KnobInfo]
+    quality_steps: dict[str, int]
+
+
+class ModelObject(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    ardit: ArditModelInfo
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelObject]
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok", "unavailable"]
+    ar: str
+    dit: str
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"model": ErrorResponse, "description": description}
+
+
+#: Errors any route may answer (the middleware's, and the services' mapped statuses).
+COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: _error("Missing or incorrect API key (only when the gateway is configured with keys)"),
+    413: _error("Request body larger than max_body_bytes"),
+    500: _error("Unexpected error in the gateway or a service"),
+    503: _error("ar_service or dit_service is unavailable"),
+    504: _error("The request did not finish within request_timeout_s"),
+}
+
+GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": ImagesResponse, "description": "The images, in OpenAI's shape plus ardit's extras"},
+    400: _error("Invalid or unsupported input; error.param names the field"),
+    404: _error("Unknown model"),
+    429: _error("A service refused for load; see Retry-After"),
+    499: _error("The client closed the request"),
+    502: _error("ar_service answered without a final result"),
+    **COMMON_ERRORS,
+}
+
+MODELS_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": ModelList, "description": "The served models"},
+    **COMMON_ERRORS,
+}
+
+MODEL_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": ModelObject, "description": "One served model"},
+    404: _error("Unknown model"),
+    **COMMON_ERRORS,
+}
+
+HEALTH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": HealthResponse, "description": "Both services answer SERVING"},
+    503: {"model": HealthResponse, "description": "A service is not serving (state of each)"},
+}
