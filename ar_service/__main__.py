@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 
 from ar_service.settings import ARSettings
 from servicekit.logs import setup_logging
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> None:
         settings.host, running.port, checkpoint.root, device, dtype, ", random weights" if settings.random_weights else "",
     )
     try:
+        load_started = time.perf_counter()
         loaded = load_ar(checkpoint, device=device, dtype=dtype, random_weights=settings.random_weights)
     except BaseException:
         running.server.stop(0)
@@ -63,7 +65,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     running.servicer.engine = engine
     running.set_serving(True)
-    log.info("ar_service ready on %s:%d (model %s, renderer at %s)", settings.host, running.port, engine.model_id, settings.dit_address)
+    log.info(
+        "ar_service ready on %s:%d (model %s, renderer at %s): loaded in %.1f s, %d parameters",
+        settings.host, running.port, engine.model_id, settings.dit_address, time.perf_counter() - load_started,
+        sum(p.numel() for p in loaded.model.parameters()),
+    )
 
     stop = install_stop_signals()
     stop.wait()

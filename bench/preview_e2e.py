@@ -82,14 +82,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--guidance", type=float, default=9.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/ardit-preview"), help="where the model directory goes")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tiny", action="store_true", help="dry run with the tiny model (CPU)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    model_dir = args.out / "preview-random"
-    subprocess.run([sys.executable, "-m", "tools.make_tiny", "--preview", str(model_dir)], check=True, cwd=ROOT)
+    model_dir = args.workdir / ("tiny" if args.tiny else "preview-random")
+    make = [sys.executable, "-m", "tools.make_tiny", str(model_dir)] + ([] if args.tiny else ["--preview"])
+    subprocess.run(make, check=True, cwd=ROOT)
 
     ar_port, dit_port, gateway_port = free_port(), free_port(), free_port()
     ar, dit = f"127.0.0.1:{ar_port}", f"127.0.0.1:{dit_port}"
-    common = ["--model-dir", str(model_dir), "--random-weights", "--device", "cuda"]
+    common = ["--model-dir", str(model_dir), "--device", args.device] + ([] if args.tiny else ["--random-weights"])
     commands = {
         "dit_service": ["dit_service", "--port", str(dit_port), *common],
         "ar_service": ["ar_service", "--port", str(ar_port), "--dit-address", dit, *common],
@@ -135,8 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         "timings_ms": timings,
         "ar_ms_per_token": round(timings["ar_decode_ms"] / max(1, timings["ar_tokens"] - 1), 3),
         "peak_gpu_mib": {name: peak.get(process.pid) for name, process in processes.items()},
-        "service_logs": {name: [l for l in (args.out / f"{name}.log").read_text().splitlines() if "param" in l or "loaded" in l.lower()]
-                         for name in ("ar_service", "dit_service")},
+        "service_logs": {
+            name: [line for line in (args.out / f"{name}.log").read_text().splitlines() if "ready" in line or "param" in line]
+            for name in ("ar_service", "dit_service")
+        },
     }
     (args.out / "preview_e2e.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 
 from dit_service.settings import DiTSettings
 from servicekit.logs import setup_logging
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> None:
         "dit_service listening on %s:%d, loading %s on %s (%s)%s", settings.host, running.port, checkpoint.root, device,
         dtype, " with random weights" if settings.random_weights else "",
     )
+    load_started = time.perf_counter()
     try:
         pipeline = DiTPipeline.from_checkpoint(checkpoint, device=device, dtype=dtype, random_weights=settings.random_weights)
     except BaseException:
@@ -59,7 +61,15 @@ def main(argv: list[str] | None = None) -> None:
     )
     running.servicer.engine = engine
     running.set_serving(True)
-    log.info("dit_service ready on %s:%d", settings.host, running.port)
+    counts = {
+        name: sum(p.numel() for p in module.parameters())
+        for name, module in (("dit", pipeline.transformer), ("vae", pipeline.vae), ("refiner", pipeline.refiner))
+        if module is not None
+    }
+    log.info(
+        "dit_service ready on %s:%d: loaded in %.1f s, parameters %s",
+        settings.host, running.port, time.perf_counter() - load_started, counts,
+    )
 
     stop = install_stop_signals()
     stop.wait()
