@@ -8,6 +8,7 @@ The HTTP mapping follows grpc-gateway's HTTPStatusFromCode.
 from __future__ import annotations
 
 from typing import NoReturn
+from urllib.parse import quote, unquote
 
 import grpc
 
@@ -47,7 +48,9 @@ class RequestRejected(Exception):
 def abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str, param: str | None = None) -> NoReturn:
     """Ends an RPC with ``code``, naming the parameter at fault when there is one."""
     if param:
-        context.set_trailing_metadata(((PARAM_METADATA_KEY, param),))
+        # Metadata values must be printable ASCII; a parameter is whatever name the caller sent
+        # (an unknown knob may be any string), so it travels percent-encoded.
+        context.set_trailing_metadata(((PARAM_METADATA_KEY, quote(param, safe="")),))
     context.abort(code, message)
     raise AssertionError("unreachable")  # context.abort raises
 
@@ -61,7 +64,7 @@ def param_of(error: grpc.RpcError) -> str | None:
     trailers = getattr(error, "trailing_metadata", lambda: None)() or ()
     for key, value in trailers:
         if key == PARAM_METADATA_KEY:
-            return value
+            return unquote(value if isinstance(value, str) else value.decode("ascii", "replace"))
     return None
 
 
