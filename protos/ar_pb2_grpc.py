@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from protos import ar_pb2 as protos_dot_ar__pb2
+from protos import common_pb2 as protos_dot_common__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -54,6 +55,11 @@ class ImageGeneratorStub:
                 request_serializer=protos_dot_ar__pb2.ListModelsRequest.SerializeToString,
                 response_deserializer=protos_dot_ar__pb2.ListModelsResponse.FromString,
                 _registered_method=True)
+        self.GetStatus = channel.unary_unary(
+                '/ardit.v1.ImageGenerator/GetStatus',
+                request_serializer=protos_dot_common__pb2.GetStatusRequest.SerializeToString,
+                response_deserializer=protos_dot_common__pb2.EngineStatus.FromString,
+                _registered_method=True)
 
 
 class ImageGeneratorServicer:
@@ -88,6 +94,13 @@ class ImageGeneratorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStatus(self, request, context):
+        """The AR engine's queue and batch.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ImageGeneratorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -110,6 +123,11 @@ def add_ImageGeneratorServicer_to_server(servicer, server):
                     servicer.ListModels,
                     request_deserializer=protos_dot_ar__pb2.ListModelsRequest.FromString,
                     response_serializer=protos_dot_ar__pb2.ListModelsResponse.SerializeToString,
+            ),
+            'GetStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStatus,
+                    request_deserializer=protos_dot_common__pb2.GetStatusRequest.FromString,
+                    response_serializer=protos_dot_common__pb2.EngineStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -220,6 +238,33 @@ class ImageGenerator:
             '/ardit.v1.ImageGenerator/ListModels',
             protos_dot_ar__pb2.ListModelsRequest.SerializeToString,
             protos_dot_ar__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ardit.v1.ImageGenerator/GetStatus',
+            protos_dot_common__pb2.GetStatusRequest.SerializeToString,
+            protos_dot_common__pb2.EngineStatus.FromString,
             options,
             channel_credentials,
             insecure,

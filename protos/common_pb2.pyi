@@ -79,3 +79,31 @@ class Progress(_message.Message):
     step: int
     total: int
     def __init__(self, index: _Optional[int] = ..., stage: _Optional[str] = ..., step: _Optional[int] = ..., total: _Optional[int] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EngineStatus(_message.Message):
+    __slots__ = ("queued", "running", "queue_capacity", "max_batch_size", "admitted_total", "rejected_total", "cancelled_total", "completed_total", "largest_batch", "batched_steps_total")
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    LARGEST_BATCH_FIELD_NUMBER: _ClassVar[int]
+    BATCHED_STEPS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    queued: int
+    running: int
+    queue_capacity: int
+    max_batch_size: int
+    admitted_total: int
+    rejected_total: int
+    cancelled_total: int
+    completed_total: int
+    largest_batch: int
+    batched_steps_total: int
+    def __init__(self, queued: _Optional[int] = ..., running: _Optional[int] = ..., queue_capacity: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., admitted_total: _Optional[int] = ..., rejected_total: _Optional[int] = ..., cancelled_total: _Optional[int] = ..., completed_total: _Optional[int] = ..., largest_batch: _Optional[int] = ..., batched_steps_total: _Optional[int] = ...) -> None: ...

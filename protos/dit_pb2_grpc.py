@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from protos import common_pb2 as protos_dot_common__pb2
 from protos import dit_pb2 as protos_dot_dit__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -39,6 +40,11 @@ class RendererStub:
                 request_serializer=protos_dot_dit__pb2.RenderInput.SerializeToString,
                 response_deserializer=protos_dot_dit__pb2.RenderEvent.FromString,
                 _registered_method=True)
+        self.GetStatus = channel.unary_unary(
+                '/ardit.v1.Renderer/GetStatus',
+                request_serializer=protos_dot_common__pb2.GetStatusRequest.SerializeToString,
+                response_deserializer=protos_dot_common__pb2.EngineStatus.FromString,
+                _registered_method=True)
 
 
 class RendererServicer:
@@ -52,6 +58,13 @@ class RendererServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStatus(self, request, context):
+        """The DiT engine's queue and batch.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RendererServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -59,6 +72,11 @@ def add_RendererServicer_to_server(servicer, server):
                     servicer.Render,
                     request_deserializer=protos_dot_dit__pb2.RenderInput.FromString,
                     response_serializer=protos_dot_dit__pb2.RenderEvent.SerializeToString,
+            ),
+            'GetStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStatus,
+                    request_deserializer=protos_dot_common__pb2.GetStatusRequest.FromString,
+                    response_serializer=protos_dot_common__pb2.EngineStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -88,6 +106,33 @@ class Renderer:
             '/ardit.v1.Renderer/Render',
             protos_dot_dit__pb2.RenderInput.SerializeToString,
             protos_dot_dit__pb2.RenderEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ardit.v1.Renderer/GetStatus',
+            protos_dot_common__pb2.GetStatusRequest.SerializeToString,
+            protos_dot_common__pb2.EngineStatus.FromString,
             options,
             channel_credentials,
             insecure,
