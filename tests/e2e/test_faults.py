@@ -172,16 +172,24 @@ def test_gateway_restarted_while_the_services_run(stack):
     assert stack.generate(FAST).status_code == 200
 
 
+def _generate_over_grpc(stack: LocalStack, steps: int) -> ar_pb2.GenerateImageResponse:
+    """Straight to ar_service with a generous deadline (the gateway here gives up after 8 s)."""
+    with grpc.insecure_channel(stack.ar_address) as channel:
+        request = ar_pb2.GenerateImageRequest(
+            prompt="a slow one", width=256, height=256, n=1, seed=3, knobs=knobs_to_proto({"num_inference_steps": steps})
+        )
+        return ar_pb2_grpc.ImageGeneratorStub(channel).GenerateImage(request, timeout=90)
+
+
 def test_dit_sigterm_reports_not_serving_finishes_in_flight_work_and_exits_0(stack):
-    pending = _in_background(stack.generate, {**SLOW, "n": 1, "num_inference_steps": 15})  # a few seconds
+    pending = _in_background(_generate_over_grpc, stack, 15)  # a few seconds of work
     _wait_busy(stack, 0.8)
     stack.processes["dit_service"].send_signal(signal.SIGTERM)
     time.sleep(0.3)
     assert check(stack.dit_address) == "NOT_SERVING"  # draining: still answering, but not for new work
     assert stack.processes["dit_service"].wait(30) == 0
-    response = pending.result(timeout=30)
-    assert response.status_code == 200, response.text  # the in-flight request finished within the grace
-    assert len(response.json()["data"]) == 1
+    response = pending.result(timeout=60)  # the in-flight request finished within the grace period
+    assert len(response.images) == 1
     stack.restart("dit_service")
 
 
