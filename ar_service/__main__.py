@@ -25,6 +25,13 @@ def main(argv: list[str] | None = None) -> None:
     from servicekit.checkpoint import open_checkpoint
     from servicekit.devices import pick_device, pick_dtype
 
+    if settings.deterministic:
+        import os
+
+        import torch
+
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts: before any CUDA work
+        torch.use_deterministic_algorithms(True)
     checkpoint = open_checkpoint(settings.model_dir, require_weights=not settings.random_weights)
     device = pick_device(settings.device)
     dtype = pick_dtype(settings.dtype, device)
@@ -62,7 +69,18 @@ def main(argv: list[str] | None = None) -> None:
         model_id=settings.model_id,
         max_prompt_tokens=settings.max_prompt_tokens,
         max_pixels=settings.max_pixels,
+        max_batch_size=settings.max_batch_size,
+        max_queued_requests=settings.max_queued_requests,
+        prefix_cache=settings.prefix_cache,
     )
+    if settings.metrics_port:
+        from prometheus_client import start_http_server
+
+        try:
+            start_http_server(settings.metrics_port, addr=settings.host, registry=engine.metrics.registry)
+            log.info("ar_service metrics on http://%s:%d/metrics", settings.host, settings.metrics_port)
+        except OSError as exc:
+            log.error("ar_service metrics not served: port %d: %s", settings.metrics_port, exc)
     running.servicer.engine = engine
     running.set_serving(True)
     log.info(

@@ -1,10 +1,15 @@
 """ar_service's engine: checks a request, decodes each image's grid, streams it to the renderer.
 
 Between the gRPC transport (server.py) and the model (model/, generation.py). One worker
-thread owns the AR model and takes requests in arrival order. For image i of a request it
-opens a Render stream (seed + i), sends the prompt's text condition after prefill, then
-every grid row as soon as it is decoded, so that the transfer is done when the last row
-is; it then moves on to the next image while the renderer works on this one.
+thread owns the AR model and runs continuous batching: requests wait in a bounded FIFO queue
+(full: refused at once with RESOURCE_EXHAUSTED and a retry-after estimate); each image of a
+request becomes a decode stream (seed + i, its own KV cache, position, grid column and
+sampling generator) that joins the running batch after its prefill and leaves it when done,
+cancelled or failed, all at token boundaries. Every token step runs one batched forward for
+all running streams, padded to ``max_batch_size`` rows so that a stream's numbers do not depend
+on its batch-mates (batch invariance). The system-prompt prefix is prefilled once and its K/V
+copied into each stream. For image i the worker opens a Render stream, sends the prompt's text
+condition after prefill, then every grid row as soon as it is decoded.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import logging
 import math
 import queue
 import secrets
+from collections import deque
 import threading
 import time
 import uuid
@@ -25,12 +31,15 @@ import torch
 from ar_service import events
 from ar_service.generation import (
     ConditionLengthError,
-    GenerationCancelled,
-    generate_grid,
+    DecodeStream,
+    build_prefix_cache,
+    decode_step,
     prompt_ids_for,
+    system_prefix_ids,
     text_condition_for,
     text_condition_mask,
 )
+from ar_service.metrics import EngineMetrics
 from ar_service.model.loading import LoadedAR
 from ar_service.prompt import Grid, grid_for_size
 from ar_service.render_client import RenderHeader, RenderSession
@@ -88,6 +97,11 @@ class Job:
         self._decoding_done = False
         self._finished = False
         self.timings: dict[str, float] = {}
+        # engine bookkeeping (worker thread only, except _wake)
+        self._wake = None  # set by the engine: called when the job is cancelled or fails
+        self._streams_left = self.plan.n
+        self._left_early = False  # counted as cancelled by the engine
+        self.negative: torch.Tensor | None = None
 
     # -- called by the engine and by render reader threads ----------------------------------
 
@@ -150,6 +164,8 @@ class Job:
             sessions = list(self._sessions)
         for session in sessions:
             session.cancel()
+        if self._wake is not None:
+            self._wake()
 
     def _maybe_complete(self) -> None:
         with self._lock:
@@ -162,8 +178,42 @@ class Job:
         self.events.put(events.JobDone(seed=self.plan.seed, knobs=self.plan.knobs, timings=timings))
 
 
+class QueueFull(RequestRejected):
+    """The waiting queue is full: RESOURCE_EXHAUSTED, with a hint of when to retry."""
+
+    def __init__(self, message: str, retry_after_s: int):
+        super().__init__(message, code=grpc.StatusCode.RESOURCE_EXHAUSTED)
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class EngineStatus:
+    queued: int
+    running: int
+    queue_capacity: int
+    max_batch_size: int
+    admitted_total: int
+    rejected_total: int
+    cancelled_total: int
+    completed_total: int
+    largest_batch: int
+    batched_steps_total: int
+
+
+@dataclass
+class _Slot:
+    """One image of a job in the running batch."""
+
+    job: Job
+    index: int
+    seed: int
+    stream: DecodeStream
+    session: RenderSession | None
+    joined: float
+
+
 class AREngine:
-    """Owns the AR model: plans requests against it and decodes them one at a time."""
+    """Owns the AR model: plans requests against it and decodes them in a continuously batched loop."""
 
     def __init__(
         self,
@@ -174,7 +224,13 @@ class AREngine:
         model_id: str | None = None,
         max_prompt_tokens: int = 1024,
         max_pixels: int | None = None,
+        max_batch_size: int = 8,
+        max_queued_requests: int = 16,
+        prefix_cache: bool = True,
+        metrics: EngineMetrics | None = None,
     ):
+        if max_batch_size < 1 or max_queued_requests < 0:
+            raise ValueError("max_batch_size must be >= 1 and max_queued_requests >= 0")
         self.loaded = loaded
         self.checkpoint = checkpoint
         self.serving = checkpoint.serving
@@ -190,7 +246,21 @@ class AREngine:
         self.ar_defaults = {"temperature": t2i.default_temperature, "top_k": t2i.top_k, "top_p": t2i.top_p}
         # Strings the tokenizer turns into control tokens: inside a prompt they would rewrite the envelope.
         self._control_tokens = tuple(sorted(loaded.tokenizer.get_added_vocab(), key=len, reverse=True))
-        self._jobs: "queue.Queue[Job | None]" = queue.Queue()
+        self.max_batch_size = max_batch_size
+        self.max_queued_requests = max_queued_requests
+        self.metrics = metrics or EngineMetrics(max_batch_size)
+        # The shared system-prompt prefix: split off every prompt either way (same numbers with or without
+        # the cache), computed once when the cache is on.
+        self.prefix_ids = system_prefix_ids(loaded.tokenizer)
+        self.prefix = build_prefix_cache(loaded.model, self.prefix_ids) if prefix_cache else None
+        self._lock = threading.RLock()  # re-entered when a cancel inside the worker wakes the worker
+        self._wake = threading.Condition(self._lock)
+        self._waiting: deque[Job] = deque()  # admitted, not started (guarded by _lock)
+        self._pending: deque[tuple[Job, int]] = deque()  # images of started jobs waiting for a slot (worker only)
+        self._running: list[_Slot] = []  # worker only; len() read for the status
+        self._closed = False
+        self._counts = dict(admitted=0, rejected=0, cancelled=0, completed=0, largest=0, batched_steps=0)
+        self._seconds_per_image = 1.0  # running estimate of one image's decode wall time, for retry-after
         self._worker = threading.Thread(target=self._work, name="ar-worker", daemon=True)
         self._worker.start()
 
@@ -328,80 +398,265 @@ class AREngine:
             )
         return prompt_ids_for(self.loaded.tokenizer, text, grid)
 
-    # -- running ----------------------------------------------------------------------------
+    # -- admission and status --------------------------------------------------------------
 
     def submit(self, plan: ImagePlan, mode: Literal["image", "tokens"] = "image", timeout: float | None = None) -> Job:
+        """Queues a request (FIFO); raises QueueFull at once when ``max_queued_requests`` already wait."""
         job = Job(plan=plan, mode=mode, deadline=None if timeout is None else time.monotonic() + timeout)
-        self._jobs.put(job)
+        job._wake = self._notify
+        with self._lock:
+            if self._closed:
+                raise RequestRejected("ar_service is shutting down", code=grpc.StatusCode.UNAVAILABLE)
+            if len(self._waiting) >= self.max_queued_requests:
+                self._counts["rejected"] += 1
+                self.metrics.rejected.inc()
+                retry = self._retry_after_locked()
+                raise QueueFull(
+                    f"ar_service is at capacity: {len(self._waiting)} requests queued, {len(self._running)} images "
+                    f"decoding (max batch {self.max_batch_size}); retry in about {retry} s",
+                    retry,
+                )
+            self._waiting.append(job)
+            self._counts["admitted"] += 1
+            self.metrics.admitted.inc()
+            self.metrics.queue_depth.set(len(self._waiting))
+            self._wake.notify()
         return job
 
+    def _retry_after_locked(self) -> int:
+        images = sum(job.plan.n for job in self._waiting) + len(self._pending) + len(self._running)
+        return max(1, math.ceil(self._seconds_per_image * images / self.max_batch_size))
+
+    def status(self) -> EngineStatus:
+        with self._lock:
+            c = self._counts
+            return EngineStatus(
+                queued=len(self._waiting),
+                running=len(self._running),
+                queue_capacity=self.max_queued_requests,
+                max_batch_size=self.max_batch_size,
+                admitted_total=c["admitted"],
+                rejected_total=c["rejected"],
+                cancelled_total=c["cancelled"],
+                completed_total=c["completed"],
+                largest_batch=c["largest"],
+                batched_steps_total=c["batched_steps"],
+            )
+
     def close(self) -> None:
-        self._jobs.put(None)
+        with self._lock:
+            self._closed = True
+            self._wake.notify()
+
+    def _notify(self) -> None:
+        with self._lock:
+            self._wake.notify()
+
+    # -- the worker loop -------------------------------------------------------------------------
 
     def _work(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            if job.cancelled.is_set():
-                continue
+        while True:
+            with self._lock:
+                while not self._closed and not self._waiting and not self._pending and not self._running:
+                    self._wake.wait()
+                if self._closed:
+                    break
             try:
                 with torch.inference_mode():
-                    self._run(job)
-                job.decoding_finished()
-            except GenerationCancelled:
-                log.info("request %s cancelled during decode", job.plan.request_id)
-            except RequestRejected as exc:
-                job.fail(exc)
-            except ConditionLengthError as exc:
-                log.error("request %s: %s", job.plan.request_id, exc)
-                job.fail(RequestRejected(f"AR condition is malformed: {exc}", code=grpc.StatusCode.INTERNAL))
-            except Exception as exc:  # the worker must outlive any one request
-                log.exception("request %s failed", job.plan.request_id)
-                job.fail(RequestRejected(f"AR decode failed: {type(exc).__name__}", code=grpc.StatusCode.INTERNAL))
+                    self._drop_left()
+                    self._admit()
+                    if self._running:
+                        self._step()
+            except Exception as exc:  # the worker must outlive any one batch
+                log.exception("AR decode step failed")
+                for slot in list(self._running):
+                    self._fail(slot.job, RequestRejected(f"AR decode failed: {type(exc).__name__}", code=grpc.StatusCode.INTERNAL))
+        for slot in list(self._running):
+            slot.job.cancel()
+        self._running.clear()
 
-    def _run(self, job: Job) -> None:
-        plan, model, config = job.plan, self.loaded.model, self.loaded.config
-        negative = None
-        if plan.negative_ids is not None and job.mode == "image":
-            negative, prefill_ms = text_condition_for(model, plan.negative_ids, config)
-            job.add_timings(ar_prefill_ms=prefill_ms)
-        dtype = str(self.loaded.model.dtype).removeprefix("torch.")
-        for i in range(plan.n):
-            seed = plan.seed + i
-            session = None
-            if job.mode == "image":
-                header = RenderHeader(
-                    request_id=plan.request_id,
-                    index=i,
-                    width=plan.width,
-                    height=plan.height,
-                    seed=seed,
-                    output_format=plan.output_format,
-                    output_compression=plan.output_compression,
-                    knobs=plan.dit_knobs,
-                    hidden_size=config.hidden_size,
-                    dtype=dtype,
-                    text_positions=plan.text_positions,
-                    image_positions=plan.grid.condition_positions,
-                    negative_positions=0 if negative is None else negative.shape[0],
+    def _set_running(self, slots: list[_Slot]) -> None:
+        with self._lock:
+            self._running = slots
+        self.metrics.running.set(len(slots))
+
+    def _leave(self, job: Job) -> None:
+        """Takes every image of ``job`` out of the batch and the pending list, freeing their caches."""
+        self._set_running([slot for slot in self._running if slot.job is not job])
+        if any(j is job for j, _ in self._pending):
+            self._pending = deque(entry for entry in self._pending if entry[0] is not job)
+
+    def _left_early(self, job: Job) -> None:
+        """``job`` was cancelled, passed its deadline or failed: out of the batch, counted once."""
+        self._leave(job)
+        if not job._left_early:
+            job._left_early = True
+            with self._lock:
+                self._counts["cancelled"] += 1
+            self.metrics.cancelled.inc()
+            log.info("request %s left the AR batch early", job.plan.request_id)
+
+    def _fail(self, job: Job, error: RequestRejected) -> None:
+        job.fail(error)
+        self._left_early(job)
+
+    def _expired(self, job: Job) -> bool:
+        if job.cancelled.is_set():
+            return True
+        if job.deadline is not None and time.monotonic() >= job.deadline:
+            job.cancel()  # the RPC's own deadline ends it too; this stops the work within one token
+            return True
+        return False
+
+    def _drop_left(self) -> None:
+        """Removes cancelled and expired requests: from the queue, the pending images and the batch."""
+        with self._lock:
+            gone = [job for job in self._waiting if self._expired(job)]
+            if gone:
+                self._waiting = deque(job for job in self._waiting if job not in gone)
+                self.metrics.queue_depth.set(len(self._waiting))
+        for job in gone:
+            self._left_early(job)
+        for job in {id(j): j for j, _ in self._pending}.values():
+            if self._expired(job):
+                self._left_early(job)
+        for job in {id(s.job): s.job for s in self._running}.values():
+            if self._expired(job):
+                self._left_early(job)
+
+    def _admit(self) -> None:
+        """Fills free slots: images of started jobs first, then the next queued job (FIFO); prefills each."""
+        while len(self._running) < self.max_batch_size:
+            if not self._pending:
+                with self._lock:
+                    job = self._waiting.popleft() if self._waiting else None
+                    self.metrics.queue_depth.set(len(self._waiting))
+                if job is None:
+                    return
+                if self._expired(job):
+                    self._left_early(job)
+                    continue
+                if not self._start_job(job):
+                    continue
+            job, index = self._pending.popleft()
+            try:
+                slot = self._open(job, index)
+            except RequestRejected as exc:
+                self._fail(job, exc)
+                continue
+            except Exception as exc:
+                log.exception("request %s: prefill failed", job.plan.request_id)
+                self._fail(job, RequestRejected(f"AR prefill failed: {type(exc).__name__}", code=grpc.StatusCode.INTERNAL))
+                continue
+            self._set_running([*self._running, slot])
+
+    def _start_job(self, job: Job) -> bool:
+        plan = job.plan
+        try:
+            if plan.negative_ids is not None and job.mode == "image":
+                job.negative, prefill_ms = text_condition_for(
+                    self.loaded.model, plan.negative_ids, prefix_ids=self.prefix_ids, prefix=self.prefix
                 )
-                session = self.renderer.open(header, job.on_render_event, timeout=job.remaining())
-                job.attach(session)
-                if negative is not None:
-                    session.send_condition("negative", 0, negative)
-            result = generate_grid(
-                model,
-                plan.prompt_ids,
-                plan.grid,
-                self.loaded.t2i,
-                plan.sampling,
-                seed,
-                on_prefill=None if session is None else (lambda text, s=session: s.send_condition("text", 0, text)),
-                on_row=self._row_handler(job, i, seed, session),
-                should_stop=job.cancelled.is_set,
+                job.add_timings(ar_prefill_ms=prefill_ms)
+        except Exception as exc:
+            log.exception("request %s: negative prefill failed", plan.request_id)
+            self._fail(job, RequestRejected(f"AR prefill failed: {type(exc).__name__}", code=grpc.StatusCode.INTERNAL))
+            return False
+        self._pending.extend((job, i) for i in range(plan.n))
+        return True
+
+    def _open(self, job: Job, index: int) -> _Slot:
+        plan, config = job.plan, self.loaded.config
+        seed = plan.seed + index
+        session = None
+        if job.mode == "image":
+            header = RenderHeader(
+                request_id=plan.request_id,
+                index=index,
+                width=plan.width,
+                height=plan.height,
+                seed=seed,
+                output_format=plan.output_format,
+                output_compression=plan.output_compression,
+                knobs=plan.dit_knobs,
+                hidden_size=config.hidden_size,
+                dtype=str(self.loaded.model.dtype).removeprefix("torch."),
+                text_positions=plan.text_positions,
+                image_positions=plan.grid.condition_positions,
+                negative_positions=0 if job.negative is None else job.negative.shape[0],
             )
-            job.add_timings(ar_prefill_ms=result.prefill_ms, ar_decode_ms=result.decode_ms, ar_tokens=len(result.token_ids))
-            if session is not None:
-                session.finish()
-                job.end_sent(i)
+            session = self.renderer.open(header, job.on_render_event, timeout=job.remaining())
+            job.attach(session)
+            if job.negative is not None:
+                session.send_condition("negative", 0, job.negative)
+        stream = DecodeStream(
+            self.loaded.model,
+            plan.prompt_ids,
+            plan.grid,
+            self.loaded.t2i,
+            plan.sampling,
+            seed,
+            on_row=self._row_handler(job, index, seed, session),
+            prefix_ids=self.prefix_ids,
+            prefix=self.prefix,
+        )
+        job.add_timings(ar_prefill_ms=stream.prefill_ms)
+        if session is not None:
+            session.send_condition("text", 0, stream.text_condition)
+        return _Slot(job, index, seed, stream, session, time.perf_counter())
+
+    def _step(self) -> None:
+        """One token for every running stream: sample, then one batched forward for those that go on."""
+        start = time.perf_counter()
+        size = len(self._running)
+        feed: list[_Slot] = []
+        for slot in list(self._running):
+            if slot.job.cancelled.is_set():
+                continue  # failed in this step already
+            try:
+                more = slot.stream.sample()
+            except ConditionLengthError as exc:
+                log.error("request %s: %s", slot.job.plan.request_id, exc)
+                self._fail(slot.job, RequestRejected(f"AR condition is malformed: {exc}", code=grpc.StatusCode.INTERNAL))
+                continue
+            if more:
+                feed.append(slot)
+            else:
+                self._finish(slot)
+        feed = [slot for slot in feed if not slot.job.cancelled.is_set()]
+        if feed:
+            logits, hidden = decode_step(self.loaded.model, [slot.stream for slot in feed], self.max_batch_size)
+            for b, slot in enumerate(feed):
+                if slot.job.cancelled.is_set():
+                    continue
+                try:
+                    slot.stream.accept(logits[b : b + 1], hidden[b])
+                except ConditionLengthError as exc:
+                    log.error("request %s: %s", slot.job.plan.request_id, exc)
+                    self._fail(slot.job, RequestRejected(f"AR condition is malformed: {exc}", code=grpc.StatusCode.INTERNAL))
+        self.metrics.batch_size.observe(size)
+        self.metrics.step_seconds.observe(time.perf_counter() - start)
+        with self._lock:
+            self._counts["largest"] = max(self._counts["largest"], size)
+            if size > 1:
+                self._counts["batched_steps"] += 1
+
+    def _finish(self, slot: _Slot) -> None:
+        job, stream = slot.job, slot.stream
+        decode_s = time.perf_counter() - slot.joined
+        self._set_running([s for s in self._running if s is not slot])
+        job.add_timings(ar_decode_ms=decode_s * 1e3, ar_tokens=len(stream.tokens))
+        if slot.session is not None:
+            slot.session.finish()
+            job.end_sent(slot.index)
+        with self._lock:
+            self._seconds_per_image = 0.8 * self._seconds_per_image + 0.2 * decode_s
+        job._streams_left -= 1
+        if job._streams_left == 0:
+            with self._lock:
+                self._counts["completed"] += 1
+            self.metrics.completed.inc()
+            job.decoding_finished()
 
     def _row_handler(self, job: Job, index: int, seed: int, session: RenderSession | None):
         grid = job.plan.grid

@@ -15,7 +15,7 @@ import torch
 from ar_service.model.configuration import ARConfig
 from ar_service.model.modeling import KVCache, MammothModa2AR
 from ar_service.model.t2i_config import T2IGenerationConfig
-from ar_service.prompt import Grid, allowed_token_range, build_t2i_prompt
+from ar_service.prompt import Grid, allowed_token_range, build_t2i_prompt, system_prefix
 from ar_service.sampling import SamplingParams, sample_next
 
 RowCallback = Callable[[int, torch.Tensor, torch.Tensor], None]
@@ -75,25 +75,166 @@ def check_image_condition(generated_ids: list[int], config: ARConfig, grid: Grid
         )
 
 
-def _prefill(model: MammothModa2AR, prompt_ids: list[int], cache: KVCache | None):
+#: Rows every batched decode forward is padded to unless told otherwise (the engine's default max batch size).
+DEFAULT_PAD_TO = 8
+
+
+@dataclass
+class PrefixCache:
+    """The shared system-prompt prefix, prefilled once: its K/V and its condition states (all positions)."""
+
+    ids: list[int]
+    cache: KVCache
+    condition: torch.Tensor  # [len(ids), H] on the model's device
+
+
+def system_prefix_ids(tokenizer) -> list[int]:
+    """The tokens every T2I prompt starts with (the envelope up to the user text)."""
+    return list(tokenizer(system_prefix(), add_special_tokens=False)["input_ids"])
+
+
+@torch.inference_mode()
+def build_prefix_cache(model: MammothModa2AR, prefix_ids: list[int]) -> PrefixCache:
+    cache = KVCache(capacity=len(prefix_ids))
+    condition = _forward_chunk(model, prefix_ids, 0, cache)[1]
+    return PrefixCache(list(prefix_ids), cache, condition)
+
+
+def _forward_chunk(model: MammothModa2AR, ids: list[int], past: int, cache: KVCache | None):
+    device = model.device
+    tensor = torch.tensor([ids], dtype=torch.long, device=device)
+    positions = torch.arange(past, past + len(ids), device=device).unsqueeze(0)
+    logits, hidden = model(tensor, positions, cache, num_logits=1)
+    return logits[:, -1], hidden[0]
+
+
+def _prefill(
+    model: MammothModa2AR,
+    prompt_ids: list[int],
+    cache: KVCache | None,
+    prefix_ids: list[int] | None = None,
+    prefix: PrefixCache | None = None,
+):
+    """Prefill ``prompt_ids``; returns (last logits [1, V], text condition on the CPU, the cache used).
+
+    When the prompt starts with the system prefix, the prefix and the rest run as two chunks: the prefix
+    chunk is either computed here or, with ``prefix`` given, its K/V and states copied from the shared
+    cache. Both ways run the same operations on the same shapes, so the result is the same to the bit.
+    """
     if not prompt_ids:
         raise ValueError("prompt_ids is empty")
-    device = model.device
-    ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
-    positions = torch.arange(len(prompt_ids), device=device).unsqueeze(0)
-    logits, hidden = model(ids, positions, cache, num_logits=1)
-    mask = text_condition_mask(prompt_ids, model.config).to(device)
-    return logits[:, -1], hidden[0][mask].cpu()
+    if prefix is not None:
+        prefix_ids = prefix.ids
+    split = len(prefix_ids) if prefix_ids and len(prompt_ids) > len(prefix_ids) and prompt_ids[: len(prefix_ids)] == prefix_ids else 0
+    if split and cache is None:
+        cache = KVCache(capacity=len(prompt_ids))
+    if not split:
+        logits, hidden = _forward_chunk(model, prompt_ids, 0, cache)
+    else:
+        if prefix is not None:
+            cache = prefix.cache.copy(capacity=cache.capacity)
+            head = prefix.condition
+        else:
+            head = _forward_chunk(model, prompt_ids[:split], 0, cache)[1]
+        logits, tail = _forward_chunk(model, prompt_ids[split:], split, cache)
+        hidden = torch.cat([head, tail], dim=0)
+    mask = text_condition_mask(prompt_ids, model.config).to(hidden.device)
+    return logits, hidden[mask].cpu(), cache
 
 
 @torch.inference_mode()
 def text_condition_for(
-    model: MammothModa2AR, prompt_ids: list[int], config: ARConfig | None = None
+    model: MammothModa2AR,
+    prompt_ids: list[int],
+    config: ARConfig | None = None,
+    prefix_ids: list[int] | None = None,
+    prefix: PrefixCache | None = None,
 ) -> tuple[torch.Tensor, float]:
     """Prefill only (e.g. a negative prompt); `config` is accepted for callers that pass it, and unused."""
     start = time.perf_counter()
-    _, text = _prefill(model, prompt_ids, None)
+    _, text, _ = _prefill(model, prompt_ids, None, prefix_ids, prefix)
     return text, (time.perf_counter() - start) * 1000
+
+
+class DecodeStream:
+    """One image being decoded: its cache, position, grid column, constraints and sampling generator.
+
+    ``sample()`` picks the next token; unless that was the look-ahead token, the stream then needs one
+    forward (``decode_step`` batches those of many streams) whose result it takes in ``accept()``.
+    Rows go to ``on_row(row, hidden [W+1, H] on the CPU, token ids)`` as soon as their EOL is fed.
+    """
+
+    def __init__(
+        self,
+        model: MammothModa2AR,
+        prompt_ids: list[int],
+        grid: Grid,
+        t2i: T2IGenerationConfig,
+        sampling: SamplingParams,
+        seed: int,
+        on_row: RowCallback | None = None,
+        prefix_ids: list[int] | None = None,
+        prefix: PrefixCache | None = None,
+    ) -> None:
+        total = len(prompt_ids) + grid.decode_tokens
+        if total > model.config.max_position_embeddings:
+            raise ValueError(
+                f"prompt + grid needs {total} positions; the model allows {model.config.max_position_embeddings}"
+            )
+        self.model, self.grid, self.t2i, self.sampling, self.on_row = model, grid, t2i, sampling, on_row
+        self.prompt_len = len(prompt_ids)
+        self.generator = torch.Generator(device="cpu").manual_seed(seed % 2**64)
+        start = time.perf_counter()
+        logits, self.text_condition, self.cache = _prefill(
+            model, prompt_ids, KVCache(capacity=total), prefix_ids, prefix
+        )  # .cpu() inside syncs the device
+        self.prefill_ms = (time.perf_counter() - start) * 1000
+        self.logits: torch.Tensor | None = logits
+        self.tokens: list[int] = []
+        self.row_len = grid.width + 1
+        self._row = torch.empty(self.row_len, model.config.hidden_size, dtype=model.dtype, device=model.device)
+
+    @property
+    def done(self) -> bool:
+        return len(self.tokens) == self.grid.decode_tokens
+
+    def sample(self) -> bool:
+        """Samples the next token; True when it must be fed (a forward is due), False after the look-ahead."""
+        i = len(self.tokens)
+        token = int(sample_next(self.logits, allowed_token_range(i, self.grid, self.t2i), self.sampling, self.generator)[0])
+        self.tokens.append(token)
+        self.logits = None
+        if self.done:
+            check_image_condition(self.tokens, self.model.config, self.grid)
+            self.cache = None  # free the K/V now
+            return False
+        return True
+
+    @property
+    def feed(self) -> tuple[int, int]:
+        """(token id, position) of the forward this stream waits for."""
+        return self.tokens[-1], self.prompt_len + len(self.tokens) - 1
+
+    def accept(self, logits: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Takes this stream's row of a decode forward: logits [1, V], hidden [H]."""
+        self.logits = logits
+        i = len(self.tokens) - 1
+        self._row[i % self.row_len] = hidden
+        if (i + 1) % self.row_len == 0:
+            row = i // self.row_len
+            ids = self.tokens[-self.row_len :]
+            if min(ids) < self.model.config.gen_vocab_start_index:  # never with the grid sampler
+                raise ConditionLengthError(f"grid row {row} holds ids outside the generation vocabulary")
+            if self.on_row is not None:
+                self.on_row(row, self._row.to("cpu", copy=True), torch.tensor(ids))
+
+
+@torch.inference_mode()
+def decode_step(model: MammothModa2AR, streams: list[DecodeStream], pad_to: int = DEFAULT_PAD_TO) -> tuple[torch.Tensor, torch.Tensor]:
+    """One batched forward for every stream that waits for one; returns (logits [B, V], hidden [B, H]) for the
+    caller to hand to each stream's ``accept`` (the caller decides what a failing stream takes down)."""
+    ids, positions = zip(*(s.feed for s in streams))
+    return model.decode(list(ids), list(positions), [s.cache for s in streams], pad_to=pad_to)
 
 
 @torch.inference_mode()
@@ -107,45 +248,30 @@ def generate_grid(
     on_row: RowCallback | None = None,
     should_stop: Callable[[], bool] | None = None,
     on_prefill: Callable[[torch.Tensor], None] | None = None,
+    pad_to: int = DEFAULT_PAD_TO,
+    prefix_ids: list[int] | None = None,
+    prefix: PrefixCache | None = None,
 ) -> GridResult:
-    """Decode exactly grid.decode_tokens tokens; `on_prefill(text_condition)` fires before decoding."""
-    total = len(prompt_ids) + grid.decode_tokens
-    if total > model.config.max_position_embeddings:
-        raise ValueError(f"prompt + grid needs {total} positions; the model allows {model.config.max_position_embeddings}")
-    device = model.device
-    generator = torch.Generator(device="cpu").manual_seed(seed % 2**64)
-    start = time.perf_counter()
-    cache = KVCache(capacity=total)
-    logits, text_condition = _prefill(model, prompt_ids, cache)  # .cpu() inside syncs the device
-    prefill_ms = (time.perf_counter() - start) * 1000
-    if on_prefill is not None:
-        on_prefill(text_condition)
+    """Decode exactly grid.decode_tokens tokens of one image alone (the engine's batched loop, batch of one);
+    `on_prefill(text_condition)` fires before decoding."""
+    rows: list[torch.Tensor] = []
 
+    def keep_row(row: int, hidden: torch.Tensor, ids: torch.Tensor) -> None:
+        rows.append(hidden)
+        if on_row is not None:
+            on_row(row, hidden, ids)
+
+    stream = DecodeStream(model, prompt_ids, grid, t2i, sampling, seed, keep_row, prefix_ids, prefix)
+    if on_prefill is not None:
+        on_prefill(stream.text_condition)
     start = time.perf_counter()
-    row_len = grid.width + 1
-    image = torch.empty(grid.condition_positions, model.config.hidden_size, dtype=model.dtype, device=device)
-    tokens: list[int] = []
-    step_ids = torch.empty(1, 1, dtype=torch.long, device=device)
-    step_pos = torch.empty(1, 1, dtype=torch.long, device=device)
     for i in range(grid.decode_tokens):
         if should_stop is not None and should_stop():
             raise GenerationCancelled(f"stopped after {i} of {grid.decode_tokens} tokens")
-        token = int(sample_next(logits, allowed_token_range(i, grid, t2i), sampling, generator)[0])
-        tokens.append(token)
-        if i == grid.decode_tokens - 1:
-            break  # the look-ahead token: never fed, so it has no hidden state
-        step_ids.fill_(token)
-        step_pos.fill_(len(prompt_ids) + i)
-        step_logits, hidden = model(step_ids, step_pos, cache)
-        logits = step_logits[:, -1]
-        image[i] = hidden[0, 0]
-        if (i + 1) % row_len == 0:
-            row = i // row_len
-            if min(tokens[-row_len:]) < model.config.gen_vocab_start_index:  # never with the grid sampler
-                raise ConditionLengthError(f"grid row {row} holds ids outside the generation vocabulary")
-            if on_row is not None:
-                rows = image[row * row_len : (row + 1) * row_len].to("cpu", copy=True)
-                on_row(row, rows, torch.tensor(tokens[-row_len:]))
+        if not stream.sample():
+            break
+        logits, hidden = decode_step(model, [stream], pad_to)
+        stream.accept(logits[0:1], hidden[0])
     decode_ms = (time.perf_counter() - start) * 1000
-    check_image_condition(tokens, model.config, grid)
-    return GridResult(tokens, text_condition, image.cpu(), prefill_ms, decode_ms)
+    image = torch.cat(rows, dim=0) if rows else torch.empty(0, model.config.hidden_size, dtype=model.dtype)
+    return GridResult(stream.tokens, stream.text_condition, image, stream.prefill_ms, decode_ms)

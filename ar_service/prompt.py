@@ -57,11 +57,15 @@ def grid_for_size(width_px: int, height_px: int, pixels_per_token: int) -> Grid:
     return Grid(width=width_px // pixels_per_token, height=height_px // pixels_per_token)
 
 
+def system_prefix() -> str:
+    """The part of every T2I prompt before the user text (its K/V are computed once and shared)."""
+    return f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n"
+
+
 def build_t2i_prompt(prompt: str, grid: Grid) -> str:
     """Chat envelope ending in the image header the AR continues from (vllm-omni MammothModa2 builder)."""
     return (
-        f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n"
-        f"<|im_start|>user\n{prompt}<|im_end|>\n"
+        f"{system_prefix()}{prompt}<|im_end|>\n"
         f"<|im_start|>assistant\n<|image start|>{grid.width}*{grid.height}<|image token|>"
     )
 

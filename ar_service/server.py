@@ -16,7 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ar_service import events
-from ar_service.engine import AREngine, ImagePlan, Job
+from ar_service.engine import AREngine, ImagePlan, Job, QueueFull
 from protos import ar_pb2, ar_pb2_grpc, channels, common_pb2
 from servicekit.grpc_guard import MalformedRequestInterceptor
 from servicekit.tls import ServerTLS, add_port
@@ -124,6 +124,10 @@ class ImageGeneratorServicer(ar_pb2_grpc.ImageGeneratorServicer):
             knobs.append(spec)
         return ar_pb2.ListModelsResponse(models=[ar_pb2.ModelCard(knobs=knobs, **card)])
 
+    def GetStatus(self, request: common_pb2.GetStatusRequest, context: grpc.ServicerContext):
+        status = self._engine(context).status()
+        return common_pb2.EngineStatus(**vars(status))
+
     # -- plumbing ---------------------------------------------------------------------------
 
     def _engine(self, context: grpc.ServicerContext) -> AREngine:
@@ -150,7 +154,14 @@ class ImageGeneratorServicer(ar_pb2_grpc.ImageGeneratorServicer):
             )
         except RequestRejected as exc:
             abort_rejected(context, exc)
-        job = engine.submit(plan, mode=mode, timeout=context.time_remaining())
+        try:
+            job = engine.submit(plan, mode=mode, timeout=context.time_remaining())
+        except QueueFull as exc:
+            log.warning("request %s refused: %s", plan.request_id, exc.message)
+            context.set_trailing_metadata((("retry-after", str(exc.retry_after_s)),))
+            context.abort(exc.code, exc.message)
+        except RequestRejected as exc:
+            abort_rejected(context, exc)
         context.add_callback(job.cancel)
         log.info(
             "request %s: %d image(s) %dx%d seed %d, prompt %d tokens",

@@ -33,6 +33,24 @@ class ARSettings(ServiceSettings):
         None, ge=256, description="largest width * height of one image (default: the model's largest side squared)"
     )
     max_concurrent_streams: int = Field(100, ge=1, description="most concurrent gRPC streams per client connection")
+    # -- batching and admission (issue 5) --
+    max_batch_size: int = Field(
+        8, ge=1, le=256,
+        description="most images decoded together; every decode step runs padded to this many rows (batch invariance)",
+    )
+    max_queued_requests: int = Field(
+        16, ge=0, description="requests that may wait for a slot; beyond this, RESOURCE_EXHAUSTED (HTTP 429) at once"
+    )
+    deterministic: bool = Field(
+        False,
+        description="torch deterministic algorithms (and CUBLAS_WORKSPACE_CONFIG=:4096:8 unless set): for CUDA; "
+        "the CPU is batch-invariant without it",
+    )
+    prefix_cache: bool = Field(True, description="prefill the shared system-prompt prefix once and reuse its K/V")
+    metrics_port: int = Field(
+        0, ge=0, le=65535,
+        description="serve Prometheus metrics on this port (0 = off; e.g. 9451); a port in use is logged, not fatal",
+    )
     # -- shutdown --
     shutdown_drain_s: float = Field(0.0, ge=0, description="on SIGTERM, report NOT_SERVING this long before refusing calls")
     shutdown_grace_s: float = Field(10.0, ge=0, description="on SIGTERM, time in-flight requests get to finish before cancellation")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 
@@ -24,6 +25,14 @@ def main(argv: list[str] | None = None) -> None:
     from servicekit.devices import pick_device, pick_dtype
     from servicekit.checkpoint import open_checkpoint
 
+    if settings.deterministic:
+        # Before the first CUDA call: cuBLAS needs a fixed workspace for reproducible GEMMs, and PyTorch then refuses
+        # (raises on) any kernel it has no deterministic implementation of.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        import torch
+
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
     checkpoint = open_checkpoint(settings.model_dir, require_weights=not settings.random_weights)
     device = pick_device(settings.device)
     dtype = pick_dtype(settings.dtype, device)
@@ -58,7 +67,15 @@ def main(argv: list[str] | None = None) -> None:
         max_pixels=settings.max_pixels,
         max_chunk_bytes=settings.max_chunk_bytes,
         max_condition_chunks=settings.max_condition_chunks,
+        max_batch_size=settings.max_batch_size,
+        max_queued_renders=settings.max_queued_renders,
+        deterministic=settings.deterministic,
     )
+    if settings.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(settings.metrics_port, addr=settings.host, registry=engine.metrics.registry)
+        log.info("dit_service metrics on http://%s:%d/metrics", settings.host, settings.metrics_port)
     running.servicer.engine = engine
     running.set_serving(True)
     counts = {

@@ -1,21 +1,30 @@
-"""dit_service's engine: checks a render, assembles its condition, runs it on one worker.
+"""dit_service's engine: checks a render, assembles its condition, runs it in a step-level batch.
 
-Sits between the gRPC transport (server.py) and the model (model/): no grpc here, no
-model math in the transport. One worker thread owns the GPU/CPU; renders wait in a FIFO
-queue and their time there is reported as ``dit_queue_ms``.
+Sits between the gRPC transport (server.py) and the model (model/): no grpc here, no model math in the
+transport. One worker thread owns the GPU/CPU. Renders are admitted into a bounded FIFO queue (a full queue
+refuses at once: ``QueueFull``, RESOURCE_EXHAUSTED on the wire); their images join a running batch of at most
+``max_batch_size`` images of the same size between denoise steps, each at its own step, timestep, guidance and
+step count, and leave it when done (VAE decode + encode) or cancelled (client gone, deadline passed). Every
+step is one transformer call for the whole batch with both CFG branches packed. On CPU an image comes out bit
+for bit the same whatever it was batched with (the transformer keeps each row's arithmetic independent of its
+batch-mates; tests/dit_service/test_batching.py); ``deterministic=True`` runs each image in a call of its
+own and asks PyTorch for deterministic kernels, for the same guarantee on CUDA at the cost of batching.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import secrets
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dit_service.imaging import encode_image
 from dit_service.model.pipeline import DiTPipeline
@@ -171,6 +180,14 @@ class ConditionAssembler:
         return condition, self.buffers["negative"]
 
 
+class QueueFull(Exception):
+    """The render queue is at its bound: refused at once (RESOURCE_EXHAUSTED), retry after ``retry_after_s``."""
+
+    def __init__(self, message: str, retry_after_s: int):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 @dataclass
 class RenderJob:
     plan: RenderPlan
@@ -179,13 +196,52 @@ class RenderJob:
     events: "queue.Queue[Any]" = field(default_factory=queue.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     condition_complete_at: float = field(default_factory=time.perf_counter)
+    # batching state, owned by the engine's worker
+    next_image: int = 0  # images 0 .. next_image-1 have joined the running batch
+    images_done: int = 0
+    finished: bool = False  # RenderDone or RenderFailed has been sent
+    timings: dict[str, float] = field(default_factory=dict)
+    wake: Any = None  # the engine's wake-up, so a cancel is seen within one step
 
     def cancel(self) -> None:
         self.cancelled.set()
+        if self.wake is not None:
+            self.wake()
+
+
+@dataclass
+class _Running:
+    """One image of a job in the running batch."""
+
+    job: RenderJob
+    image: int
+    entry: Any  # sampler.DenoiseEntry (or a test double)
+    joined_at: float
+    denoise_s: float = 0.0
+
+
+class EngineMetrics:
+    """Prometheus metrics of one engine, on its own registry (served by ``start_http_server(port, registry=...)``)."""
+
+    def __init__(self, max_batch_size: int):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.queue_depth = Gauge("ardit_dit_queue_depth", "renders admitted and waiting to join the batch", registry=r)
+        self.running = Gauge("ardit_dit_running_batch_size", "images in the running batch", registry=r)
+        buckets = sorted({1, 2, 4, 8, 16, 32, max_batch_size})
+        self.batch_size = Histogram("ardit_dit_batch_size", "images per denoise step", buckets=buckets, registry=r)
+        self.admitted = Counter("ardit_dit_renders_admitted", "renders admitted to the queue", registry=r)
+        self.rejected = Counter("ardit_dit_renders_rejected", "renders refused: queue full", registry=r)
+        self.cancelled = Counter("ardit_dit_renders_cancelled", "renders that left early", registry=r)
+        self.completed = Counter("ardit_dit_renders_completed", "renders finished", registry=r)
+        self.step_seconds = Histogram(
+            "ardit_dit_step_seconds", "wall time of one batched denoise step",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r,
+        )
 
 
 class DiTEngine:
-    """Plans renders against the loaded pipeline and runs them one at a time, in arrival order."""
+    """Plans renders against the loaded pipeline and denoises them in a step-level batch, in arrival order."""
 
     def __init__(
         self,
@@ -197,7 +253,12 @@ class DiTEngine:
         max_pixels: int | None = None,
         max_chunk_bytes: int | None = None,
         max_condition_chunks: int | None = None,
+        max_batch_size: int = 4,
+        max_queued_renders: int = 16,
+        deterministic: bool = False,
     ):
+        if max_batch_size < 1 or max_queued_renders < 1:
+            raise ValueError("max_batch_size and max_queued_renders must be at least 1")
         self.pipeline = pipeline
         self.knob_table = knob_table
         self.max_condition_positions = max_condition_positions
@@ -205,7 +266,17 @@ class DiTEngine:
         self.max_pixels = max_pixels
         self.max_chunk_bytes = max_chunk_bytes
         self.max_condition_chunks = max_condition_chunks
-        self._jobs: "queue.Queue[RenderJob | None]" = queue.Queue()
+        self.max_batch_size = max_batch_size
+        self.max_queued_renders = max_queued_renders
+        self.deterministic = deterministic
+        self.metrics = EngineMetrics(max_batch_size)
+        self._lock = threading.Condition()
+        self._queue: deque[RenderJob] = deque()
+        self._reserved = 0  # admitted at their header, condition still arriving
+        self._running: list[_Running] = []
+        self._closed = False
+        self._step_ewma_s = 0.5
+        self.counters = dict(admitted=0, rejected=0, cancelled=0, completed=0, largest_batch=0, batched_steps=0)
         self._worker = threading.Thread(target=self._work, name="dit-worker", daemon=True)
         self._worker.start()
 
@@ -284,66 +355,255 @@ class DiTEngine:
             index_offset=index_offset,
         )
 
+    # -- admission ------------------------------------------------------------------------
+
+    def _queued(self) -> int:
+        return self._reserved + len(self._queue)
+
+    def _retry_after_s(self) -> int:
+        """A guess at when a slot frees: the queued and running images' remaining steps, in batches."""
+        steps = [r.entry.steps - r.entry.step for r in self._running]
+        steps += [j.plan.knobs["num_inference_steps"] * (j.plan.n - j.next_image) for j in self._queue]
+        waves = max(1, sum(steps)) / self.max_batch_size
+        return max(1, min(60, math.ceil(waves * self._step_ewma_s)))
+
+    def _refuse(self) -> QueueFull:
+        self.counters["rejected"] += 1
+        self.metrics.rejected.inc()
+        return QueueFull(
+            f"dit_service is at capacity: {self._queued()} renders queued (max_queued_renders "
+            f"{self.max_queued_renders}); retry later",
+            self._retry_after_s(),
+        )
+
+    def admit(self) -> None:
+        """Takes a queue slot for a Render whose condition is about to arrive; raises QueueFull when none is free.
+
+        Checked at the header, so a caller learns at once and no condition is streamed for nothing. Follow with
+        ``submit(..., admitted=True)`` or ``withdraw()``."""
+        with self._lock:
+            if self._closed or self._queued() >= self.max_queued_renders:
+                raise self._refuse()
+            self._reserved += 1
+            self.counters["admitted"] += 1
+            self.metrics.admitted.inc()
+            self.metrics.queue_depth.set(self._queued())
+
+    def withdraw(self, cancelled: bool = False) -> None:
+        """Gives back an ``admit`` slot whose stream failed before its end marker (``cancelled``: the caller left)."""
+        with self._lock:
+            self._reserved = max(0, self._reserved - 1)
+            if cancelled:
+                self.counters["cancelled"] += 1
+                self.metrics.cancelled.inc()
+            self.metrics.queue_depth.set(self._queued())
+
+    def status(self) -> dict[str, int]:
+        with self._lock:
+            return dict(
+                queued=self._queued(),
+                running=len(self._running),
+                queue_capacity=self.max_queued_renders,
+                max_batch_size=self.max_batch_size,
+                admitted_total=self.counters["admitted"],
+                rejected_total=self.counters["rejected"],
+                cancelled_total=self.counters["cancelled"],
+                completed_total=self.counters["completed"],
+                largest_batch=self.counters["largest_batch"],
+                batched_steps_total=self.counters["batched_steps"],
+            )
+
     # -- running --------------------------------------------------------------------------
 
     def assembler(self, plan: RenderPlan) -> ConditionAssembler:
         return ConditionAssembler(plan, self.max_chunk_bytes, self.max_condition_chunks)
 
-    def submit(self, plan: RenderPlan, condition: torch.Tensor, uncond: torch.Tensor) -> RenderJob:
-        job = RenderJob(plan=plan, condition=condition, uncond=uncond)
-        self._jobs.put(job)
+    def submit(self, plan: RenderPlan, condition: torch.Tensor, uncond: torch.Tensor, admitted: bool = False) -> RenderJob:
+        """Queues a render (FIFO). Without a prior ``admit`` the bound is checked here (QueueFull)."""
+        job = RenderJob(plan=plan, condition=condition, uncond=uncond, wake=self._wake)
+        with self._lock:
+            if admitted:
+                self._reserved = max(0, self._reserved - 1)
+            elif self._closed or self._queued() >= self.max_queued_renders:
+                raise self._refuse()
+            else:
+                self.counters["admitted"] += 1
+                self.metrics.admitted.inc()
+            self._queue.append(job)
+            self.metrics.queue_depth.set(self._queued())
+            self._lock.notify_all()
         return job
 
     def close(self) -> None:
-        self._jobs.put(None)
+        """Stops after the admitted renders are done."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+
+    def _wake(self) -> None:
+        with self._lock:
+            self._lock.notify_all()
 
     def _work(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            if job.cancelled.is_set():
-                job.events.put(RenderFailed(DenoiseCancelled("render cancelled before it started")))
-                continue
+        while True:
+            with self._lock:
+                while not self._queue and not self._running and not self._closed:
+                    self._lock.wait()
+                if self._closed and not self._queue and not self._running:
+                    return
+                self._sweep_queue()
+                joiners = self._take_joiners()
             try:
-                self._render(job)
-            except BaseException as exc:  # the worker must outlive any one render
-                if not isinstance(exc, DenoiseCancelled):
-                    log.exception("render %s failed", job.plan.request_id)
-                job.events.put(RenderFailed(exc))
+                for job, image in joiners:
+                    self._join(job, image)
+                self._drop_cancelled()
+                if self._running:
+                    self._step()
+            except BaseException as exc:  # the worker must outlive any one batch
+                log.exception("denoise step failed; failing the running batch")
+                for running in list(self._running):
+                    self._leave(running, exc)
 
-    def _render(self, job: RenderJob) -> None:
+    def _sweep_queue(self) -> None:
+        """Cancelled renders still waiting leave the queue (under the lock)."""
+        for job in [j for j in self._queue if j.cancelled.is_set()]:
+            self._queue.remove(job)
+            if job.next_image == 0:  # otherwise its running images report it
+                self._fail(job, DenoiseCancelled("render cancelled before it started"))
+        self.metrics.queue_depth.set(self._queued())
+
+    def _take_joiners(self) -> list[tuple[RenderJob, int]]:
+        """Images that join the running batch now: FIFO, up to max_batch_size, all of one size (under the lock).
+
+        A render of another size waits at the head until the running batch has drained (no overtaking)."""
+        free = self.max_batch_size - len(self._running)
+        key = (self._running[0].job.plan.width, self._running[0].job.plan.height) if self._running else None
+        joiners = []
+        while self._queue and free > 0:
+            job = self._queue[0]
+            size = (job.plan.width, job.plan.height)
+            if key is not None and size != key:
+                break
+            key = size
+            take = min(free, job.plan.n - job.next_image)
+            joiners += [(job, job.next_image + i) for i in range(take)]
+            job.next_image += take
+            free -= take
+            if job.next_image == job.plan.n:
+                self._queue.popleft()
+        self.metrics.queue_depth.set(self._queued())
+        return joiners
+
+    def _join(self, job: RenderJob, image: int) -> None:
         plan = job.plan
-        started = time.perf_counter()
-        timings = {"dit_queue_ms": (started - job.condition_complete_at) * 1e3}
-        totals = {"denoise_ms": 0.0, "vae_decode_ms": 0.0, "encode_ms": 0.0, "transformer_calls": 0}
-        steps = plan.knobs["num_inference_steps"]
-        for i in range(plan.n):
-            index = plan.index_offset + i
-            seed = plan.seed + i
-            t0 = time.perf_counter()
-            n_text = plan.positions["text"]  # job.condition is [text | image] (ConditionAssembler.complete)
-            result = self.pipeline.render_latents(
+        now = time.perf_counter()
+        if job.finished:
+            return
+        if "dit_queue_ms" not in job.timings:
+            job.timings.update(dit_queue_ms=(now - job.condition_complete_at) * 1e3, denoise_ms=0.0, vae_decode_ms=0.0,
+                               encode_ms=0.0, transformer_calls=0)
+        n_text = plan.positions["text"]  # job.condition is [text | image] (ConditionAssembler.complete)
+        try:
+            entry = self.pipeline.start_entry(
                 text_condition=job.condition[:n_text],
                 image_condition=job.condition[n_text:],
                 uncond_condition=job.uncond,
                 width=plan.width,
                 height=plan.height,
-                seed=seed,
-                steps=steps,
+                seed=plan.seed + image,
+                steps=plan.knobs["num_inference_steps"],
                 guidance=plan.knobs["text_guidance_scale"],
                 cfg_range=tuple(plan.knobs["cfg_range"]),
-                cfg_mode=plan.knobs.get("cfg_execution_mode", "sequential"),
-                on_step=lambda step, total, index=index: job.events.put(Progress(index, "denoise", step, total)),
-                should_stop=job.cancelled.is_set,
             )
-            t1 = time.perf_counter()
-            pixels = self.pipeline.decode(result.latents)
-            t2 = time.perf_counter()
-            data = encode_image(pixels, plan.output_format, plan.output_compression)
-            t3 = time.perf_counter()
-            totals["denoise_ms"] += (t1 - t0) * 1e3
-            totals["vae_decode_ms"] += (t2 - t1) * 1e3
-            totals["encode_ms"] += (t3 - t2) * 1e3
-            totals["transformer_calls"] += result.transformer_calls
-            job.events.put(FinishedImage(index, seed, plan.output_format, data, plan.width, plan.height))
-        timings.update(totals)
-        timings["total_ms"] = (time.perf_counter() - job.condition_complete_at) * 1e3
-        job.events.put(RenderDone(seed=plan.seed, knobs=plan.knobs, timings=timings))
+        except Exception as exc:
+            log.exception("render %s could not start", plan.request_id)
+            self._fail(job, exc)
+            return
+        with self._lock:
+            self._running.append(_Running(job, image, entry, now))
+
+    def _fail(self, job: RenderJob, error: BaseException) -> None:
+        with self._lock:  # a re-entrant lock: callers may hold it
+            if job.finished:
+                return
+            job.finished = True
+            if isinstance(error, DenoiseCancelled):
+                self.counters["cancelled"] += 1
+                self.metrics.cancelled.inc()
+        job.events.put(RenderFailed(error))
+
+    def _leave(self, running: _Running, error: BaseException | None = None) -> None:
+        """Takes an image out of the batch and frees its tensors; fails its render when ``error`` is given."""
+        with self._lock:
+            if running in self._running:
+                self._running.remove(running)
+            if error is not None:
+                if running.job in self._queue:
+                    self._queue.remove(running.job)
+                self._fail(running.job, error)
+        release = getattr(running.entry, "release", None)
+        if release is not None:
+            release()
+
+    def _drop_cancelled(self) -> None:
+        for running in [r for r in self._running if r.job.cancelled.is_set() or r.job.finished]:
+            entry = running.entry
+            self._leave(running, DenoiseCancelled(f"render cancelled after {entry.step} of {entry.steps} steps", entry.step))
+
+    def _step(self) -> None:
+        batch = list(self._running)
+        started = time.perf_counter()
+        if self.deterministic:  # each image in a call of its own: the same kernels whatever else is running
+            for running in batch:
+                mode = running.job.plan.knobs.get("cfg_execution_mode", "sequential")
+                self.pipeline.step([running.entry], separate=mode == "sequential")
+        else:
+            self.pipeline.step([r.entry for r in batch])
+        elapsed = time.perf_counter() - started
+        self._step_ewma_s = 0.8 * self._step_ewma_s + 0.2 * elapsed
+        self.metrics.step_seconds.observe(elapsed)
+        self.metrics.batch_size.observe(len(batch))
+        with self._lock:
+            self.counters["largest_batch"] = max(self.counters["largest_batch"], len(batch))
+            if len({id(r.job) for r in batch}) > 1:
+                self.counters["batched_steps"] += 1
+        self.metrics.running.set(len(batch))
+        for running in batch:
+            running.denoise_s += elapsed
+            entry = running.entry
+            running.job.events.put(
+                Progress(running.job.plan.index_offset + running.image, "denoise", entry.step, entry.steps)
+            )
+        for running in [r for r in batch if r.entry.done]:
+            try:
+                self._finish(running)
+            except Exception as exc:
+                log.exception("render %s failed", running.job.plan.request_id)
+                self._leave(running, exc)
+        self.metrics.running.set(len(self._running))
+
+    def _finish(self, running: _Running) -> None:
+        job, plan, entry = running.job, running.job.plan, running.entry
+        t1 = time.perf_counter()
+        pixels = self.pipeline.decode(entry.latents)
+        t2 = time.perf_counter()
+        data = encode_image(pixels, plan.output_format, plan.output_compression)
+        t3 = time.perf_counter()
+        timings = job.timings
+        timings["denoise_ms"] += running.denoise_s * 1e3
+        timings["vae_decode_ms"] += (t2 - t1) * 1e3
+        timings["encode_ms"] += (t3 - t2) * 1e3
+        timings["transformer_calls"] += entry.rows
+        self._leave(running)
+        if job.finished:
+            return
+        index = plan.index_offset + running.image
+        job.events.put(FinishedImage(index, plan.seed + running.image, plan.output_format, data, plan.width, plan.height))
+        job.images_done += 1
+        if job.images_done == plan.n:
+            job.finished = True
+            timings["total_ms"] = (time.perf_counter() - job.condition_complete_at) * 1e3
+            with self._lock:
+                self.counters["completed"] += 1
+            self.metrics.completed.inc()
+            job.events.put(RenderDone(seed=plan.seed, knobs=plan.knobs, timings=dict(timings)))

@@ -17,7 +17,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from dit_service.engine import ConditionAssembler, DiTEngine, FinishedImage, Progress, RenderDone, RenderFailed, RenderPlan
+from dit_service.engine import (
+    ConditionAssembler, DiTEngine, FinishedImage, Progress, QueueFull, RenderDone, RenderFailed, RenderPlan,
+)
 from dit_service.model.sampler import DenoiseCancelled
 from protos import channels, common_pb2, dit_pb2, dit_pb2_grpc
 from protos.codec import CodecError, decode_tensor
@@ -40,6 +42,8 @@ KIND_NAMES = {
     dit_pb2.CONDITION_KIND_IMAGE: "image",
     dit_pb2.CONDITION_KIND_NEGATIVE: "negative",
 }
+#: Trailing metadata of a RESOURCE_EXHAUSTED answer: seconds after which a retry may succeed (the gateway's Retry-After).
+RETRY_AFTER_METADATA_KEY = "retry-after"
 TIMING_FIELDS = {f.name for f in common_pb2.StageTimings.DESCRIPTOR.fields}
 
 
@@ -102,31 +106,54 @@ class RendererServicer(dit_pb2_grpc.RendererServicer):
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, "a Render stream must start with a header", param="header")
         try:
             plan = _plan_from_header(self.engine, first.header)
+        except RequestRejected as exc:
+            abort_rejected(context, exc)
+        try:
+            self.engine.admit()  # a full queue refuses at once, before any condition is streamed
+        except QueueFull as exc:
+            context.set_trailing_metadata(((RETRY_AFTER_METADATA_KEY, str(exc.retry_after_s)),))
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        job = None
+        try:
             job = self._receive_condition(plan, request_iterator, context)
         except RequestRejected as exc:
             abort_rejected(context, exc)
         except CodecError as exc:
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc), param="chunk.hidden_states")
-        # The condition is complete: tell the caller (it measures the transfer), then render.
-        yield dit_pb2.RenderEvent(progress=common_pb2.Progress(stage="condition_received", total=plan.n))
-        violation = self._watch_for_trailing_messages(request_iterator, job)
-        context.add_callback(job.cancel)
-        while True:
-            try:
-                event = job.events.get(timeout=0.1)
-            except queue.Empty:
-                event = None
-            if violation.is_set():
-                abort(context, grpc.StatusCode.INVALID_ARGUMENT, "messages arrived after the end marker", param="end")
-            if isinstance(event, RenderFailed):
-                if isinstance(event.error, DenoiseCancelled):
-                    abort(context, grpc.StatusCode.CANCELLED, "render cancelled")
-                abort(context, grpc.StatusCode.INTERNAL, f"render failed: {type(event.error).__name__}")
-            if event is None:
-                continue
-            yield to_render_event(event, plan)
-            if isinstance(event, RenderDone):
-                return
+        finally:
+            if job is None:  # the stream failed before its end marker: give the slot back
+                self.engine.withdraw(cancelled=not context.is_active())
+        # Caller gone or deadline passed: the render leaves the batch within one step. A call that already ended
+        # runs no callback, hence the check; a generator closed early (the stream ended) cancels in ``finally``.
+        if not context.add_callback(job.cancel):
+            job.cancel()
+        try:
+            # The condition is complete: tell the caller (it measures the transfer), then render.
+            yield dit_pb2.RenderEvent(progress=common_pb2.Progress(stage="condition_received", total=plan.n))
+            violation = self._watch_for_trailing_messages(request_iterator, job)
+            while True:
+                try:
+                    event = job.events.get(timeout=0.1)
+                except queue.Empty:
+                    event = None
+                if violation.is_set():
+                    abort(context, grpc.StatusCode.INVALID_ARGUMENT, "messages arrived after the end marker", param="end")
+                if isinstance(event, RenderFailed):
+                    if isinstance(event.error, DenoiseCancelled):
+                        abort(context, grpc.StatusCode.CANCELLED, "render cancelled")
+                    abort(context, grpc.StatusCode.INTERNAL, f"render failed: {type(event.error).__name__}")
+                if event is None:
+                    continue
+                yield to_render_event(event, plan)
+                if isinstance(event, RenderDone):
+                    return
+        finally:
+            job.cancel()  # a no-op once the render is done
+
+    def GetStatus(self, request: common_pb2.GetStatusRequest, context: grpc.ServicerContext) -> common_pb2.EngineStatus:
+        if self.engine is None:
+            abort(context, grpc.StatusCode.UNAVAILABLE, "dit_service is still loading its model")
+        return common_pb2.EngineStatus(**self.engine.status())
 
     def _receive_condition(self, plan: RenderPlan, request_iterator, context):
         """Reads chunks until the end marker; returns the queued job."""
@@ -141,7 +168,7 @@ class RendererServicer(dit_pb2_grpc.RendererServicer):
                 assembler.add(KIND_NAMES.get(chunk.kind, "unspecified"), chunk.offset, decode_tensor(chunk.hidden_states))
             elif kind == "end":
                 condition, uncond = assembler.complete()
-                return self.engine.submit(plan, condition, uncond)
+                return self.engine.submit(plan, condition, uncond, admitted=True)
             else:
                 raise RequestRejected(f"unexpected {kind or 'empty'} message inside a Render stream", param=kind or "input")
         if not context.is_active():

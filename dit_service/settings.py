@@ -38,6 +38,22 @@ class DiTSettings(ServiceSettings):
     )
     max_condition_chunks: int = Field(16_384, ge=1, description="most condition chunks one Render stream may send")
     max_concurrent_streams: int = Field(256, ge=1, description="most concurrent gRPC streams per client connection")
+    # -- batching and admission (issue 5) --
+    max_batch_size: int = Field(
+        4, ge=1, description="most images denoised together in one step-level batch (images of one size join and "
+        "leave between steps)"
+    )
+    max_queued_renders: int = Field(
+        16, ge=1, description="most renders admitted and waiting; beyond it Render is refused at once with "
+        "RESOURCE_EXHAUSTED and a retry-after trailer"
+    )
+    deterministic: bool = Field(
+        False,
+        description="batch-invariant on any device: each image in a transformer call of its own (no cross-request "
+        "batching), torch.use_deterministic_algorithms and a fixed cuBLAS workspace; on CPU images are batch-invariant "
+        "bit for bit without it",
+    )
+    metrics_port: int = Field(0, ge=0, le=65535, description="serve Prometheus metrics on this port (0 = off)")
     # -- shutdown --
     shutdown_drain_s: float = Field(0.0, ge=0, description="on SIGTERM, report NOT_SERVING this long before refusing calls")
     shutdown_grace_s: float = Field(10.0, ge=0, description="on SIGTERM, time in-flight renders get to finish before cancellation")

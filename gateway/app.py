@@ -18,7 +18,8 @@ from typing import Any
 
 import grpc
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -40,6 +41,29 @@ LIST_MODELS_TIMEOUT_S = 10.0
 # -- middleware: request id, body limit, one log line, last-resort 500 -----------------------
 
 
+class GatewayMetrics:
+    """The gateway's Prometheus metrics, on a registry of its own (one per app), served at ``GET /metrics``."""
+
+    ROUTES = frozenset({"/v1/images/generations", "/v1/models", "/health", "/metrics"})
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "ardit_gateway_requests", "HTTP requests answered, by route and status", ("route", "status"),
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "ardit_gateway_request_seconds", "HTTP request latency, by route", ("route",),
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600), registry=self.registry,
+        )
+        self.in_flight = Gauge("ardit_gateway_requests_in_flight", "HTTP requests being answered", registry=self.registry)
+
+    def route(self, path: str) -> str:
+        if path in self.ROUTES:
+            return path
+        return "/v1/models/{id}" if path.startswith("/v1/models/") else "other"  # bounded label values
+
+
 class GatewayMiddleware:
     """Pure ASGI middleware (no response buffering) around every HTTP request.
 
@@ -48,9 +72,10 @@ class GatewayMiddleware:
     - adds ``x-request-id`` and logs one line per request: id, user, status, latency, prompt length.
     """
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int):
+    def __init__(self, app: ASGIApp, max_body_bytes: int, metrics: GatewayMetrics | None = None):
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -83,6 +108,8 @@ class GatewayMiddleware:
                     raise self._too_large()
             return message
 
+        if self.metrics is not None:
+            self.metrics.in_flight.inc()
         try:
             if self._declared_length(scope) > self.max_body_bytes:
                 await self._too_large().response()(scope, receive, send_wrapper)
@@ -97,6 +124,11 @@ class GatewayMiddleware:
                 status = 500
         finally:
             self._log(scope, state, status or 499, started)
+            if self.metrics is not None:
+                route = self.metrics.route(scope.get("path", ""))
+                self.metrics.in_flight.dec()
+                self.metrics.requests.labels(route, str(status or 499)).inc()
+                self.metrics.latency.labels(route).observe(time.perf_counter() - started)
 
     def _too_large(self) -> APIError:
         return APIError(413, f"request body is larger than {self.max_body_bytes} bytes", code="request_too_large")
@@ -210,7 +242,9 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app.state.settings = settings
     errors.install(app)
     app.add_middleware(APIKeyMiddleware, keys=api_keys)  # inside GatewayMiddleware: 401s are logged too
-    app.add_middleware(GatewayMiddleware, max_body_bytes=settings.max_body_bytes)
+    metrics = GatewayMetrics()
+    app.state.metrics = metrics
+    app.add_middleware(GatewayMiddleware, max_body_bytes=settings.max_body_bytes, metrics=metrics)
 
     body_schema = ImageGenerationRequest.model_json_schema()
 
@@ -268,6 +302,11 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
                 return JSONResponse(translate.model_card_to_openai(card))
         served = ", ".join(card.id for card in reply.models) or "none"
         raise APIError(404, f"model {model_id!r} not found; served: {served}", "model", "model_not_found")
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus_metrics(request: Request) -> Response:
+        """Prometheus text: requests by route and status, latency, requests in flight."""
+        return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/health", responses=schemas.HEALTH_RESPONSES)
     async def health(request: Request) -> JSONResponse:

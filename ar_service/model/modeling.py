@@ -62,6 +62,25 @@ class KVCache:
         """Called once per forward, after every layer appended its `tokens` new positions."""
         self.length += tokens
 
+    def copy(self, capacity: int = 0) -> "KVCache":
+        """An independent cache holding this one's positions, its buffers sized for ``capacity`` positions
+        (the shared system-prompt prefix is computed once and copied into every decode stream)."""
+        out = KVCache(capacity=max(capacity, self.length))
+        size = out.capacity
+        for buf_k, buf_v in zip(self._k, self._v):
+            if buf_k is None:
+                out._k.append(None)
+                out._v.append(None)
+                continue
+            new_k = buf_k.new_empty(buf_k.shape[0], buf_k.shape[1], size, buf_k.shape[3])
+            new_v = buf_v.new_empty(buf_v.shape[0], buf_v.shape[1], size, buf_v.shape[3])
+            new_k[:, :, : self.length] = buf_k[:, :, : self.length]
+            new_v[:, :, : self.length] = buf_v[:, :, : self.length]
+            out._k.append(new_k)
+            out._v.append(new_v)
+        out.length = self.length
+        return out
+
 
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
@@ -149,6 +168,25 @@ class Attention(nn.Module):
         out = out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
         return self._proj("o_proj", out, route, is_gen)
 
+    def decode(self, x, cos, sin, route, is_gen, caches: list[KVCache]) -> torch.Tensor:
+        """One new token per row of ``x`` [P, 1, H]; row b < len(caches) belongs to caches[b], the rest is padding.
+
+        Projections run over all P rows at once; attention runs per stream over its own cache (padding rows
+        attend to nothing and stay zero), so a row's result does not depend on the other rows.
+        """
+        p = x.shape[0]
+        q = self._proj("q_proj", x, route, is_gen).view(p, 1, self.heads, self.head_dim).transpose(1, 2)
+        k = self._proj("k_proj", x, route, is_gen).view(p, 1, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self._proj("v_proj", x, route, is_gen).view(p, 1, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        out = q.new_zeros(p, self.heads, 1, self.head_dim)
+        for b, cache in enumerate(caches):
+            kb, vb = cache.append(self.layer_idx, k[b : b + 1], v[b : b + 1])
+            out[b : b + 1] = F.scaled_dot_product_attention(q[b : b + 1], kb, vb, enable_gqa=True)
+        out = out.transpose(1, 2).reshape(p, 1, self.heads * self.head_dim)
+        return self._proj("o_proj", out, route, is_gen)
+
 
 class DecoderLayer(nn.Module):
     """Pre-norm Qwen2 block; ``gen_mlp`` exists only on layers the moe_type range selects."""
@@ -163,6 +201,10 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, cos, sin, route, is_gen, cache) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, route, is_gen, cache)
+        return x + _route(self.post_attention_layernorm(x), route, is_gen, self.mlp, self.gen_mlp)
+
+    def decode(self, x, cos, sin, route, is_gen, caches: list[KVCache]) -> torch.Tensor:
+        x = x + self.self_attn.decode(self.input_layernorm(x), cos, sin, route, is_gen, caches)
         return x + _route(self.post_attention_layernorm(x), route, is_gen, self.mlp, self.gen_mlp)
 
 
@@ -196,6 +238,19 @@ class TextModel(nn.Module):
         (bytedance/mammothmoda ``mamoda2/mammothmoda2/utils/t2i_utils.py`` ``encode_full_prompts``:
         ``torch.stack([hidden_states[i] for i in gen_condition_layers]).mean(0)``).
         """
+        x, route, is_gen, cos, sin = self._inputs(input_ids, position_ids)
+        n = len(self.layers)
+        wanted = None if keep is None else {i % (n + 1) for i in keep}
+        kept: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            if wanted is not None and i in wanted:
+                kept[i] = x
+            x = layer(x, cos, sin, route, is_gen, cache)
+        if cache is not None:
+            cache.advance(input_ids.shape[1])
+        return self._outputs(x, keep, kept)
+
+    def _inputs(self, input_ids: torch.Tensor, position_ids: torch.Tensor):
         start = self.config.gen_vocab_start_index
         is_gen = input_ids >= start
         text_ids = input_ids.clamp(0, self.embed_tokens.num_embeddings - 1)
@@ -207,15 +262,27 @@ class TextModel(nn.Module):
         freqs = position_ids[..., None].float() * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [B, 1, T, D]
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        return x, route, is_gen, cos, sin
+
+    def decode(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, caches: list[KVCache], keep: tuple[int, ...] | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decode token for each of ``len(caches)`` streams, ``input_ids``/``position_ids`` [P, 1] with P >= that
+        many rows (the rest padding): same outputs as ``forward`` but each stream over its own cache."""
+        x, route, is_gen, cos, sin = self._inputs(input_ids, position_ids)
         n = len(self.layers)
         wanted = None if keep is None else {i % (n + 1) for i in keep}
         kept: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             if wanted is not None and i in wanted:
                 kept[i] = x
-            x = layer(x, cos, sin, route, is_gen, cache)
-        if cache is not None:
-            cache.advance(input_ids.shape[1])
+            x = layer.decode(x, cos, sin, route, is_gen, caches)
+        for cache in caches:
+            cache.advance(1)
+        return self._outputs(x, keep, kept)
+
+    def _outputs(self, x: torch.Tensor, keep, kept: dict[int, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(self.layers)
         final = self.norm(x)
         if keep is None:
             return final, final
@@ -275,6 +342,30 @@ class MammothModa2AR(nn.Module):
         final, condition = self.model.language_model(input_ids, position_ids, cache, self.config.condition_layers)
         h = final if num_logits is None else final[:, -num_logits:]
         return self.logits(h, t2i=t2i), condition
+
+    def decode(
+        self, input_ids: list[int], positions: list[int], caches: list[KVCache], pad_to: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batched decode token for B streams, each with its own cache: returns (float32 logits [B, V],
+        condition hidden states [B, H]).
+
+        The batch is padded to ``pad_to`` rows (padding rows: the first generation id at position 0, no cache),
+        so that every matmul has the same shape however many streams are real: CPU BLAS may pick another
+        kernel, and so round differently, for another row count, and a stream's result must not depend on
+        what it is batched with.
+        """
+        b = len(caches)
+        if not b or len(input_ids) != b or len(positions) != b:
+            raise ValueError("decode needs one id, one position and one cache per stream")
+        rows = max(b, pad_to)
+        pad = rows - b
+        device = self.device
+        ids = torch.tensor(list(input_ids) + [self.config.gen_vocab_start_index] * pad, dtype=torch.long, device=device)
+        pos = torch.tensor(list(positions) + [0] * pad, dtype=torch.long, device=device)
+        final, condition = self.model.language_model.decode(
+            ids[:, None], pos[:, None], caches, self.config.condition_layers
+        )
+        return self.logits(final[:b, 0]), condition[:b, 0]
 
 
 def mask_generation_vocab(logits: torch.Tensor, gen_vocab_start_index: int, t2i: bool) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch
 from diffusers import AutoencoderKL
 
 from dit_service.model.refiner import ImageConditionRefiner
-from dit_service.model.sampler import CFG_MODES, DenoiseResult, denoise
+from dit_service.model.sampler import CFG_MODES, DenoiseEntry, DenoiseResult, denoise, start_entry, step_entries
 from dit_service.model.transformer import MammothDiT
 from dit_service.model.weights import load_strict, materialize, random_init_
 
@@ -204,6 +204,33 @@ class DiTPipeline:
             device=self.device,
             dtype=self.dtype,
         )
+
+    def start_entry(
+        self,
+        text_condition: torch.Tensor,
+        image_condition: torch.Tensor,
+        uncond_condition: torch.Tensor,
+        width: int,
+        height: int,
+        seed: int,
+        steps: int,
+        guidance: float,
+        cfg_range: tuple[float, float] = (0.0, 1.0),
+    ) -> DenoiseEntry:
+        """One image ready to join a running batch (step-level batching): seeded noise and its own schedule."""
+        for name, tensor in (("text_condition", text_condition), ("image_condition", image_condition),
+                             ("uncond_condition", uncond_condition)):
+            if tensor.ndim != 2 or tensor.shape[1] != self.condition_dim:
+                raise ValueError(f"{name} must be [positions, {self.condition_dim}]; got {tuple(tensor.shape)}")
+        condition = self.assemble_condition(text_condition, image_condition)
+        return start_entry(
+            condition, uncond_condition, self.latent_shape(width, height), seed, steps, guidance, tuple(cfg_range),
+            device=self.device, dtype=self.dtype,
+        )
+
+    def step(self, entries: list[DenoiseEntry], separate: bool = False) -> int:
+        """One Euler step for every entry (same latent shape), in one transformer call unless ``separate``."""
+        return step_entries(self.transformer, entries, self.dtype, separate=separate)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> np.ndarray:

@@ -22,7 +22,9 @@ every step), the initial noise is drawn on the CPU from the request's seed (same
 ``cfg_mode="packed"`` evaluates both branches as one padded batch of two (see transformer.py: bit-identical to
 ``"sequential"`` on CPU in float32).
 
-A fresh schedule is computed for every call: nothing is shared between requests (diffusers issue #7851).
+A fresh schedule is computed for every image: nothing is shared between requests (diffusers issue #7851). The sampler
+is step-wise (``start_entry``, ``step_entries``): the engine batches entries at different steps into one transformer
+call per step, and ``denoise`` is the same step on a batch of one.
 """
 
 from __future__ import annotations
@@ -90,7 +92,119 @@ def pack_conditions(conditions: list[torch.Tensor]) -> tuple[torch.Tensor, list[
     return batch, lengths
 
 
+@dataclass
+class DenoiseEntry:
+    """One image being denoised: its own seed-drawn latents, schedule, guidance and position in it.
+
+    The step-wise form of the sampler: ``start_entry`` makes one, ``step_entries`` runs one Euler step for any
+    number of entries (each at its own step index and timestep) and ``denoise`` loops it for one image. The engine
+    keeps a running batch of entries that join and leave between steps; nothing is shared between entries.
+    """
+
+    cond: torch.Tensor  # [L, C] on the device, model dtype
+    uncond: torch.Tensor  # [Lu, C]; may have 0 rows
+    latents: torch.Tensor  # [1, C, h, w] float32
+    t: torch.Tensor  # [N + 1] float32
+    steps: int
+    guidance: float
+    cfg_range: tuple[float, float]
+    step: int = 0
+    rows: int = 0  # transformer evaluations of this image (2 per step inside cfg_range, else 1)
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.steps
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int]:
+        return tuple(self.latents.shape[1:])
+
+    def wants_cfg(self) -> bool:
+        return uses_cfg(self.step, self.steps, self.guidance, self.cfg_range)
+
+    def release(self) -> None:
+        """Drops the tensors (a cancelled entry frees its memory at once, even if something still holds it)."""
+        empty = torch.empty(0)
+        self.cond = self.uncond = self.latents = self.t = empty
+
+
+def start_entry(
+    condition: torch.Tensor,
+    uncond_condition: torch.Tensor,
+    latent_shape: tuple[int, int, int],
+    seed: int,
+    steps: int,
+    guidance: float,
+    cfg_range: tuple[float, float] = (0.0, 1.0),
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    dynamic_time_shift: bool = True,
+) -> DenoiseEntry:
+    """Seeded initial noise and this image's own schedule."""
+    _, latent_h, latent_w = latent_shape
+    return DenoiseEntry(
+        cond=condition.to(device=device, dtype=dtype),
+        uncond=uncond_condition.to(device=device, dtype=dtype),
+        latents=initial_noise(latent_shape, seed).to(device),
+        t=timesteps(steps, latent_h, latent_w, dynamic_time_shift).to(device),
+        steps=steps,
+        guidance=float(guidance),
+        cfg_range=(float(cfg_range[0]), float(cfg_range[1])),
+    )
+
+
 @torch.no_grad()
+def step_entries(
+    transformer: Callable[..., torch.Tensor],
+    entries: list[DenoiseEntry],
+    dtype: torch.dtype = torch.float32,
+    separate: bool = False,
+) -> int:
+    """One Euler step for every entry (all of one latent shape); returns the transformer invocations made.
+
+    Rows: each entry's conditional branch, plus its unconditional branch when guidance applies at its step. By
+    default every row goes into one transformer call (packed CFG, and packed across entries: each row carries its
+    own timestep and condition length); ``separate=True`` makes one call per row (``cfg_mode="sequential"``).
+    On CPU both give the same bits: the transformer keeps every row's arithmetic independent of its batch-mates.
+    """
+    if not entries:
+        return 0
+    latents, times, conds, owners = [], [], [], []
+    for k, entry in enumerate(entries):
+        if entry.done:
+            raise ValueError("step_entries got an entry that has finished its steps")
+        model_in = entry.latents.to(dtype)
+        cfg = entry.wants_cfg()
+        for branch in (entry.cond, entry.uncond) if cfg else (entry.cond,):
+            latents.append(model_in)
+            times.append(entry.t[entry.step : entry.step + 1])
+            conds.append(branch)
+            owners.append(k)
+    if separate:
+        preds = [transformer(x, t, c[None], [c.shape[0]]).float() for x, t, c in zip(latents, times, conds)]
+        out = torch.cat(preds)
+        calls = len(preds)
+    else:
+        packed, lengths = pack_conditions(conds)
+        out = transformer(torch.cat(latents), torch.cat(times), packed, lengths).float()
+        calls = 1
+    row = 0
+    for entry in entries:
+        pred = out[row : row + 1]
+        if entry.wants_cfg():
+            pred_uncond = out[row + 1 : row + 2]
+            pred = pred_uncond + entry.guidance * (pred - pred_uncond)
+            row += 2
+            entry.rows += 2
+        else:
+            row += 1
+            entry.rows += 1
+        i = entry.step
+        entry.latents = entry.latents + (entry.t[i + 1] - entry.t[i]) * pred
+        entry.step += 1
+    return calls
+
+
 def denoise(
     transformer: Callable[..., torch.Tensor],
     condition: torch.Tensor,
@@ -110,32 +224,14 @@ def denoise(
     """N Euler steps from seeded noise; condition [L, C] and uncond_condition [Lu, C] (either may have 0 rows)."""
     if cfg_mode not in CFG_MODES:
         raise ValueError(f"cfg_mode must be one of {', '.join(CFG_MODES)}; got {cfg_mode!r}")
-    _, latent_h, latent_w = latent_shape
-    t = timesteps(steps, latent_h, latent_w, dynamic_time_shift).to(device)
-    latents = initial_noise(latent_shape, seed).to(device)
-    cond = condition.to(device=device, dtype=dtype)
-    uncond = uncond_condition.to(device=device, dtype=dtype)
-    packed, packed_lengths = pack_conditions([cond, uncond])
+    entry = start_entry(
+        condition, uncond_condition, latent_shape, seed, steps, guidance, cfg_range, device, dtype, dynamic_time_shift
+    )
     calls = 0
-    for i in range(steps):
+    while not entry.done:
         if should_stop is not None and should_stop():
-            raise DenoiseCancelled(f"denoise cancelled after {i} of {steps} steps", steps_done=i)
-        model_in = latents.to(dtype)
-        timestep = t[i : i + 1]
-        if uses_cfg(i, steps, guidance, cfg_range):
-            if cfg_mode == "packed":
-                both = transformer(model_in.expand(2, -1, -1, -1), timestep.expand(2), packed, packed_lengths).float()
-                pred, pred_uncond = both[:1], both[1:]
-                calls += 1
-            else:
-                pred = transformer(model_in, timestep, cond[None]).float()
-                pred_uncond = transformer(model_in, timestep, uncond[None]).float()
-                calls += 2
-            pred = pred_uncond + guidance * (pred - pred_uncond)
-        else:
-            pred = transformer(model_in, timestep, cond[None]).float()
-            calls += 1
-        latents = latents + (t[i + 1] - t[i]) * pred
+            raise DenoiseCancelled(f"denoise cancelled after {entry.step} of {steps} steps", steps_done=entry.step)
+        calls += step_entries(transformer, [entry], dtype, separate=cfg_mode == "sequential")
         if on_step is not None:
-            on_step(i + 1, steps)
-    return DenoiseResult(latents=latents, transformer_calls=calls)
+            on_step(entry.step, steps)
+    return DenoiseResult(latents=entry.latents, transformer_calls=calls)

@@ -133,11 +133,13 @@ class Attention(nn.Module):
         if self.kv_heads != self.heads:  # query head h reads kv head h // (heads / kv_heads), as the references
             k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
             v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
-        if lengths is None or all(n == s for n in lengths):
+        lengths = [s] * b if lengths is None else lengths
+        if b == 1 and lengths[0] == s:
             out = F.scaled_dot_product_attention(q, k, v)
         else:
-            # Each sample attends over its own valid rows only (the reference's varlen path), so padding can
-            # never change a valid row's result, not even by rounding.
+            # Each sample attends over its own valid rows only (the reference's varlen path), so neither padding
+            # nor batch-mates can change a valid row's result, not even by rounding: the call for sample i is the
+            # call a batch of one makes.
             out = q.new_zeros(q.shape)
             for i, n in enumerate(lengths):
                 if n > 0:
@@ -157,7 +159,8 @@ class RMSNormZero(nn.Module):
         self.norm = RMSNorm(dim, eps)
 
     def forward(self, x: torch.Tensor, temb: torch.Tensor):
-        scale_msa, gate_msa, scale_mlp, gate_mlp = self.linear(F.silu(temb)).chunk(4, dim=1)
+        """temb [>= B, D]: rows past x's batch are padding and are dropped after the linear."""
+        scale_msa, gate_msa, scale_mlp, gate_mlp = self.linear(F.silu(temb))[: x.shape[0]].chunk(4, dim=1)
         return self.norm(x) * (1 + scale_msa[:, None]), gate_msa, scale_mlp, gate_mlp
 
 
@@ -209,7 +212,7 @@ class LayerNormContinuous(nn.Module):
         self.linear_2 = nn.Linear(dim, out_dim, bias=True)
 
     def forward(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
-        scale = self.linear_1(F.silu(temb).to(x.dtype))
+        scale = self.linear_1(F.silu(temb).to(x.dtype))[: x.shape[0]]  # temb may carry padding rows
         return self.linear_2(self.norm(x) * (1 + scale)[:, None, :])
 
 
@@ -330,12 +333,14 @@ class MammothDiT(nn.Module):
         device, dtype = latents.device, self.dtype
 
         timestep = timestep.to(device=device, dtype=dtype).reshape(-1)
-        if bool((timestep == timestep[0]).all()):
-            # One shared time (a CFG pair): embed it once as [1, D] and let it broadcast over the batch, so every
-            # sample's modulation is computed exactly as for a batch of one.
-            timestep = timestep[:1]
+        if timestep.shape[0] == 1:
+            timestep = timestep.expand(b)
         elif timestep.shape[0] != b:
             raise ValueError(f"timestep must have 1 or {b} values; got {timestep.shape[0]}")
+        # Every sample has its own time (step-level batching mixes steps). The time embedding and every modulation
+        # linear run on at least MIN_ROWS rows (zero padding, sliced off), for the same reason as the token tensors:
+        # a row's result must not depend on how many other samples share the call.
+        timestep = F.pad(timestep, (0, _rows(b) - b))
         # Token tensors get at least MIN_ROWS rows (zero padding that attention never reads): CPU GEMMs take a
         # different kernel for a handful of rows, and a padded CFG batch must see the same kernels as a batch of one.
         cond_rows = _rows(max_cond) if max_cond > 0 else 0

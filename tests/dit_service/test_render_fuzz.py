@@ -40,9 +40,13 @@ class FakePipeline:
     size_multiple = 16
     condition_dim = HIDDEN
 
-    def render_latents(self, *, width, height, on_step, **_):
-        on_step(1, 1)
-        return SimpleNamespace(latents=(width, height), transformer_calls=1)
+    def start_entry(self, *, width, height, **_):
+        return SimpleNamespace(latents=(width, height), step=0, steps=1, rows=0, done=False)
+
+    def step(self, entries, separate=False):
+        for entry in entries:
+            entry.step, entry.rows, entry.done = 1, 1, True
+        return 1
 
     def decode(self, latents):
         width, height = latents

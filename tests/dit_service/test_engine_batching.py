@@ -1,0 +1,105 @@
+"""The DiT engine without a socket: admission bound, FIFO batching, cancellation, deterministic mode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dit_service.engine import DiTEngine, FinishedImage, Progress, QueueFull, RenderDone, RenderFailed
+from dit_service.model.sampler import DenoiseCancelled
+from protos.knobs import FAMILIES
+
+HIDDEN = 64
+
+
+def make_engine(pipeline, **kwargs) -> DiTEngine:
+    return DiTEngine(pipeline, FAMILIES["mammothmoda2"], max_condition_positions=4096, **kwargs)
+
+
+def submit(engine, seed, steps=3, guidance=4.0, n=1, cond_seed=0):
+    g = torch.Generator().manual_seed(cond_seed)
+    text, image = torch.randn(4, HIDDEN, generator=g), torch.randn(6, HIDDEN, generator=g)
+    plan = engine.plan(request_id=f"r{seed}", width=64, height=64, n=n, seed=seed, output_format="png",
+                       output_compression=None, knobs={"num_inference_steps": steps, "text_guidance_scale": guidance},
+                       hidden_size=HIDDEN, dtype="float32", text_positions=4, image_positions=6, negative_positions=0)
+    return engine.submit(plan, torch.cat([text, image]), torch.zeros(0, HIDDEN))
+
+
+def collect(job, timeout=60):
+    images, progress = {}, []
+    while True:
+        event = job.events.get(timeout=timeout)
+        if isinstance(event, RenderFailed):
+            raise event.error
+        if isinstance(event, Progress):
+            progress.append(event.step)
+        if isinstance(event, FinishedImage):
+            images[event.index] = event.data
+        if isinstance(event, RenderDone):
+            return images, progress, event
+
+
+def test_batched_and_deterministic_engines_give_the_same_images(pipeline):
+    batched = make_engine(pipeline, max_batch_size=4)
+    deterministic = make_engine(pipeline, max_batch_size=4, deterministic=True)
+    try:
+        specs = [dict(seed=1, steps=4, n=2), dict(seed=5, steps=3, guidance=1.0, cond_seed=1),
+                 dict(seed=9, steps=5, guidance=6.0, cond_seed=2)]
+        jobs = [submit(batched, **spec) for spec in specs]
+        results = [collect(job) for job in jobs]
+        for spec, (images, progress, done) in zip(specs, results):
+            assert len(images) == spec.get("n", 1)
+            assert done.timings["transformer_calls"] > 0 and done.timings["denoise_ms"] > 0
+        assert batched.status()["largest_batch"] > 1
+        assert batched.status()["completed_total"] == 3
+        for spec, (images, _, _) in zip(specs, results):
+            again, _, _ = collect(submit(deterministic, **spec))
+            assert again == images
+    finally:
+        batched.close()
+        deterministic.close()
+
+
+def test_admission_is_bounded_and_slots_come_back(pipeline):
+    engine = make_engine(pipeline, max_batch_size=1, max_queued_renders=2)
+    try:
+        engine.admit()
+        engine.admit()
+        with pytest.raises(QueueFull) as caught:
+            engine.admit()
+        assert caught.value.retry_after_s >= 1
+        engine.withdraw()
+        engine.withdraw(cancelled=True)
+        status = engine.status()
+        assert (status["queued"], status["admitted_total"], status["rejected_total"], status["cancelled_total"]) == (0, 2, 1, 1)
+        assert collect(submit(engine, seed=3))[0]
+    finally:
+        engine.close()
+
+
+def test_cancelled_render_leaves_within_a_step(pipeline):
+    engine = make_engine(pipeline, max_batch_size=2)
+    try:
+        doomed = submit(engine, seed=1, steps=200)
+        mate = submit(engine, seed=2, steps=6)
+        first = doomed.events.get(timeout=60)
+        assert isinstance(first, Progress)
+        doomed.cancel()
+        last_step = first.step
+        while True:
+            event = doomed.events.get(timeout=60)
+            if isinstance(event, RenderFailed):
+                assert isinstance(event.error, DenoiseCancelled)
+                break
+            last_step = event.step
+        assert last_step < 200  # it left the batch long before its steps ran out
+        images, _, _ = collect(mate)
+        solo = make_engine(pipeline)
+        try:
+            assert collect(submit(solo, seed=2, steps=6))[0] == images
+        finally:
+            solo.close()
+        status = engine.status()
+        assert status["cancelled_total"] == 1 and status["running"] == 0
+    finally:
+        engine.close()
