@@ -17,6 +17,7 @@ import grpc
 
 from ar_service import events
 from protos import channels, common_pb2, dit_pb2, dit_pb2_grpc
+from protos.formats import format_enum, format_name
 from protos.codec import encode_tensor, iter_row_chunks
 from protos.status import RequestRejected, param_of
 from protos.values import knobs_to_proto
@@ -24,8 +25,6 @@ from servicekit.tls import ClientTLS, open_channel
 
 log = logging.getLogger(__name__)
 
-FORMAT_ENUMS = {"png": common_pb2.OUTPUT_FORMAT_PNG, "jpeg": common_pb2.OUTPUT_FORMAT_JPEG, "webp": common_pb2.OUTPUT_FORMAT_WEBP}
-FORMAT_NAMES = {value: key for key, value in FORMAT_ENUMS.items()}
 KINDS = {"text": dit_pb2.CONDITION_KIND_TEXT, "image": dit_pb2.CONDITION_KIND_IMAGE, "negative": dit_pb2.CONDITION_KIND_NEGATIVE}
 _CLOSE = object()
 
@@ -53,7 +52,7 @@ class RenderHeader:
             height=self.height,
             n=1,
             seed=self.seed,
-            output_format=FORMAT_ENUMS[self.output_format],
+            output_format=format_enum(self.output_format),
             knobs=knobs_to_proto(self.knobs),
             hidden_size=self.hidden_size,
             dtype=self.dtype,
@@ -119,7 +118,7 @@ class RenderSession:
         if kind == "image":
             image = event.image
             return events.FinishedImage(
-                image.index, image.seed, FORMAT_NAMES.get(image.format, "png"), image.data, image.width, image.height
+                image.index, image.seed, format_name(image.format), image.data, image.width, image.height
             )
         if kind == "completed":
             timings = {f.name: getattr(event.completed.timings, f.name) for f in common_pb2.StageTimings.DESCRIPTOR.fields}

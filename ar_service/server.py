@@ -18,6 +18,7 @@ from grpc_reflection.v1alpha import reflection
 from ar_service import events
 from ar_service.engine import AREngine, ImagePlan, Job, QueueFull
 from protos import ar_pb2, ar_pb2_grpc, channels, common_pb2
+from protos.formats import format_enum, format_name
 from servicekit.grpc_guard import MalformedRequestInterceptor
 from servicekit.tls import ServerTLS, add_port
 from protos.status import RequestRejected, abort, abort_rejected
@@ -25,13 +26,6 @@ from protos.values import knobs_from_proto, knobs_to_proto, to_value
 
 log = logging.getLogger(__name__)
 
-FORMAT_NAMES = {
-    common_pb2.OUTPUT_FORMAT_UNSPECIFIED: "png",
-    common_pb2.OUTPUT_FORMAT_PNG: "png",
-    common_pb2.OUTPUT_FORMAT_JPEG: "jpeg",
-    common_pb2.OUTPUT_FORMAT_WEBP: "webp",
-}
-FORMAT_ENUMS = {"png": common_pb2.OUTPUT_FORMAT_PNG, "jpeg": common_pb2.OUTPUT_FORMAT_JPEG, "webp": common_pb2.OUTPUT_FORMAT_WEBP}
 IMAGE_GENERATOR_SERVICE = ar_pb2.DESCRIPTOR.services_by_name["ImageGenerator"].full_name
 POLL_SECONDS = 0.1
 
@@ -40,7 +34,7 @@ def _image_message(image: events.FinishedImage) -> common_pb2.GeneratedImage:
     return common_pb2.GeneratedImage(
         index=image.index,
         seed=image.seed,
-        format=FORMAT_ENUMS[image.format],
+        format=format_enum(image.format),
         data=image.data,
         width=image.width,
         height=image.height,
@@ -147,7 +141,7 @@ class ImageGeneratorServicer(ar_pb2_grpc.ImageGeneratorServicer):
                 height=request.height,
                 n=request.n or 1,
                 seed=request.seed if request.HasField("seed") else None,
-                output_format=FORMAT_NAMES.get(request.output_format, "unknown"),
+                output_format=format_name(request.output_format),
                 output_compression=request.output_compression if request.HasField("output_compression") else None,
                 quality=request.quality,
                 knobs=knobs_from_proto(request.knobs),

@@ -22,6 +22,7 @@ from dit_service.engine import (
 )
 from dit_service.model.sampler import DenoiseCancelled
 from protos import channels, common_pb2, dit_pb2, dit_pb2_grpc
+from protos.formats import format_enum, format_name
 from protos.codec import CodecError, decode_tensor
 from servicekit.grpc_guard import MalformedMessage, MalformedRequestInterceptor
 from servicekit.tls import ServerTLS, add_port
@@ -30,13 +31,6 @@ from protos.values import knobs_from_proto, knobs_to_proto
 
 log = logging.getLogger(__name__)
 
-FORMAT_NAMES = {
-    common_pb2.OUTPUT_FORMAT_UNSPECIFIED: "png",
-    common_pb2.OUTPUT_FORMAT_PNG: "png",
-    common_pb2.OUTPUT_FORMAT_JPEG: "jpeg",
-    common_pb2.OUTPUT_FORMAT_WEBP: "webp",
-}
-FORMAT_ENUMS = {"png": common_pb2.OUTPUT_FORMAT_PNG, "jpeg": common_pb2.OUTPUT_FORMAT_JPEG, "webp": common_pb2.OUTPUT_FORMAT_WEBP}
 KIND_NAMES = {
     dit_pb2.CONDITION_KIND_TEXT: "text",
     dit_pb2.CONDITION_KIND_IMAGE: "image",
@@ -54,7 +48,7 @@ def _plan_from_header(engine: DiTEngine, header: dit_pb2.RenderHeader) -> Render
         height=header.height,
         n=header.n or 1,
         seed=header.seed if header.HasField("seed") else None,
-        output_format=FORMAT_NAMES.get(header.output_format, "unknown"),
+        output_format=format_name(header.output_format),
         output_compression=header.output_compression if header.HasField("output_compression") else None,
         knobs=knobs_from_proto(header.knobs),
         hidden_size=header.hidden_size,
@@ -76,7 +70,7 @@ def to_render_event(event: object, plan: RenderPlan) -> dit_pb2.RenderEvent:
             image=common_pb2.GeneratedImage(
                 index=event.index,
                 seed=event.seed,
-                format=FORMAT_ENUMS[event.format],
+                format=format_enum(event.format),
                 data=event.data,
                 width=event.width,
                 height=event.height,
