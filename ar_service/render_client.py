@@ -66,6 +66,17 @@ class RenderHeader:
         return header
 
 
+_CONNECTION_LOSS_MARKERS = ("rst_stream", "socket closed", "connection reset", "goaway", "broken pipe", "failed to connect")
+
+
+def _lost_connection(error: grpc.RpcError) -> bool:
+    """A transport failure reported as INTERNAL or UNKNOWN rather than UNAVAILABLE."""
+    if error.code() not in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
+        return False
+    details = (error.details() or "").lower()
+    return any(marker in details for marker in _CONNECTION_LOSS_MARKERS)
+
+
 class RenderSession:
     """One open Render stream: the engine pushes condition pieces, events come back on a thread."""
 
@@ -102,7 +113,10 @@ class RenderSession:
             code = exc.code()
             if code == grpc.StatusCode.CANCELLED:
                 return  # cancelled by us; the engine already knows
-            if code == grpc.StatusCode.UNAVAILABLE:
+            if code == grpc.StatusCode.UNAVAILABLE or _lost_connection(exc):
+                # A DiT that dies mid-stream can surface as INTERNAL / UNKNOWN (RST_STREAM, socket closed):
+                # to the caller it is the same fault, an unavailable stage.
+                code = grpc.StatusCode.UNAVAILABLE
                 message = f"dit_service is unavailable: {exc.details()}"
             else:
                 message = f"dit_service: {exc.details()}"

@@ -123,7 +123,7 @@ def test_dit_killed_mid_stream_is_unavailable_over_grpc(stack):
         with pytest.raises(grpc.RpcError) as info:
             for _ in stream:
                 pass
-    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE, (info.value.code(), info.value.details())
     assert "dit_service" in info.value.details()
     stack.restart("dit_service")
 
