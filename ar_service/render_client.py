@@ -19,7 +19,7 @@ from ar_service import events
 from protos import channels, common_pb2, dit_pb2, dit_pb2_grpc
 from protos.formats import format_enum, format_name
 from protos.codec import encode_tensor, iter_row_chunks
-from protos.status import RequestRejected, param_of
+from protos.status import RequestRejected, effective_code, param_of
 from protos.values import knobs_to_proto
 from servicekit.tls import ClientTLS, open_channel
 
@@ -66,17 +66,6 @@ class RenderHeader:
         return header
 
 
-_CONNECTION_LOSS_MARKERS = ("rst_stream", "socket closed", "connection reset", "goaway", "broken pipe", "failed to connect")
-
-
-def _lost_connection(error: grpc.RpcError) -> bool:
-    """A transport failure reported as INTERNAL or UNKNOWN rather than UNAVAILABLE."""
-    if error.code() not in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
-        return False
-    details = (error.details() or "").lower()
-    return any(marker in details for marker in _CONNECTION_LOSS_MARKERS)
-
-
 class RenderSession:
     """One open Render stream: the engine pushes condition pieces, events come back on a thread."""
 
@@ -110,13 +99,10 @@ class RenderSession:
                 if converted is not None:
                     self._on_event(converted)
         except grpc.RpcError as exc:
-            code = exc.code()
+            code = effective_code(exc)
             if code == grpc.StatusCode.CANCELLED:
                 return  # cancelled by us; the engine already knows
-            if code == grpc.StatusCode.UNAVAILABLE or _lost_connection(exc):
-                # A DiT that dies mid-stream can surface as INTERNAL / UNKNOWN (RST_STREAM, socket closed):
-                # to the caller it is the same fault, an unavailable stage.
-                code = grpc.StatusCode.UNAVAILABLE
+            if code == grpc.StatusCode.UNAVAILABLE:
                 message = f"dit_service is unavailable: {exc.details()}"
             else:
                 message = f"dit_service: {exc.details()}"

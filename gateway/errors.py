@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from protos.status import http_status, param_of
+from protos.status import effective_code, http_status, param_of
 
 log = logging.getLogger("gateway")
 
@@ -124,7 +124,7 @@ def validation_error(errors: list[dict[str, Any]]) -> APIError:
 
 def from_rpc_error(error: grpc.aio.AioRpcError | grpc.RpcError, ar_address: str = "") -> APIError:
     """A model service's gRPC status as the matching HTTP error."""
-    code = error.code()
+    code = effective_code(error)
     status = http_status(code)
     details = error.details() or code.name.lower()
     headers = None

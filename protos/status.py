@@ -70,3 +70,18 @@ def param_of(error: grpc.RpcError) -> str | None:
 
 def http_status(code: grpc.StatusCode) -> int:
     return HTTP_STATUS.get(code, 500)
+
+
+_CONNECTION_LOSS_MARKERS = ("rst_stream", "socket closed", "connection reset", "goaway", "broken pipe", "failed to connect")
+
+
+def effective_code(error: grpc.RpcError) -> grpc.StatusCode:
+    """The status a caller should see: a peer lost mid-call can surface as INTERNAL or UNKNOWN
+    (RST_STREAM, socket closed); to the caller that is the same fault as UNAVAILABLE."""
+    code = error.code()
+    if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
+        details = (error.details() or "").lower()
+        if any(marker in details for marker in _CONNECTION_LOSS_MARKERS):
+            return grpc.StatusCode.UNAVAILABLE
+    return code
+

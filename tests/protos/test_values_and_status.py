@@ -36,3 +36,23 @@ def test_http_mapping_follows_grpc_gateway():
     assert http_status(grpc.StatusCode.CANCELLED) == 499
     assert http_status(grpc.StatusCode.NOT_FOUND) == 404
     assert set(HTTP_STATUS) == set(grpc.StatusCode)
+
+
+class _Error(grpc.RpcError):
+    def __init__(self, code, details):
+        self._code, self._details = code, details
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
+
+
+def test_a_peer_lost_mid_call_counts_as_unavailable():
+    from protos.status import effective_code
+
+    assert effective_code(_Error(grpc.StatusCode.INTERNAL, "Received RST_STREAM with error code 2")) == grpc.StatusCode.UNAVAILABLE
+    assert effective_code(_Error(grpc.StatusCode.UNKNOWN, "Socket closed")) == grpc.StatusCode.UNAVAILABLE
+    assert effective_code(_Error(grpc.StatusCode.INTERNAL, "render failed: ValueError")) == grpc.StatusCode.INTERNAL
+    assert effective_code(_Error(grpc.StatusCode.INVALID_ARGUMENT, "socket closed")) == grpc.StatusCode.INVALID_ARGUMENT
