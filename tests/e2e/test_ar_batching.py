@@ -158,8 +158,9 @@ def test_flood_beyond_the_queue_is_refused_at_once_then_served_normally(tight):
     served = [r for r in results if r[0] == "ok"]
     assert len(refused) + len(served) == flood, results  # nothing else: no INTERNAL, no UNAVAILABLE
     assert refused and served, results  # one decodes, at most one waits, the rest are refused
-    for _, seconds, retry_after in refused:
-        assert seconds < 2.0  # refused at once, not after waiting
+    # Refused at once, not after waiting: every refusal came back before any admitted request finished.
+    assert max(seconds for _, seconds, _ in refused) < min(seconds for _, seconds, _ in served)
+    for _, _, retry_after in refused:
         assert retry_after is not None and int(retry_after) >= 1
     assert all(count == 1 for _, _, count in served)
 
