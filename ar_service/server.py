@@ -8,19 +8,15 @@ from __future__ import annotations
 import logging
 import queue
 from collections.abc import Iterator
-from concurrent import futures
-from dataclasses import dataclass
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from ar_service import events
 from ar_service.engine import AREngine, ImagePlan, Job, QueueFull
 from protos import ar_pb2, ar_pb2_grpc, channels, common_pb2
 from protos.formats import format_enum, format_name
-from servicekit.grpc_guard import MalformedRequestInterceptor
-from servicekit.tls import ServerTLS, add_port
+from servicekit.grpc_server import RunningServer, build_grpc_server
+from servicekit.tls import ServerTLS
 from protos.status import RequestRejected, abort, abort_rejected
 from protos.values import knobs_from_proto, knobs_to_proto, to_value
 
@@ -182,19 +178,6 @@ class ImageGeneratorServicer(ar_pb2_grpc.ImageGeneratorServicer):
                 return
 
 
-@dataclass
-class ARServer:
-    server: grpc.Server
-    port: int
-    servicer: ImageGeneratorServicer
-    health: health.HealthServicer
-
-    def set_serving(self, serving: bool) -> None:
-        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        for name in ("", IMAGE_GENERATOR_SERVICE):
-            self.health.set(name, status)
-
-
 def build_server(
     host: str,
     port: int,
@@ -203,21 +186,16 @@ def build_server(
     *,
     tls: ServerTLS | None = None,
     max_concurrent_streams: int = channels.DEFAULT_MAX_CONCURRENT_STREAMS,
-) -> ARServer:
+) -> RunningServer:
     """A bound, not yet started server reporting NOT_SERVING until ``set_serving(True)``."""
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers),
-        options=channels.server_options(max_concurrent_streams),
-        interceptors=[MalformedRequestInterceptor()],
+    return build_grpc_server(
+        "ar_service",
+        IMAGE_GENERATOR_SERVICE,
+        ImageGeneratorServicer(engine),
+        ar_pb2_grpc.add_ImageGeneratorServicer_to_server,
+        host,
+        port,
+        max_workers,
+        channels.server_options(max_concurrent_streams),
+        tls,
     )
-    servicer = ImageGeneratorServicer(engine)
-    ar_pb2_grpc.add_ImageGeneratorServicer_to_server(servicer, server)
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection((IMAGE_GENERATOR_SERVICE, reflection.SERVICE_NAME, health.SERVICE_NAME), server)
-    bound = add_port(server, f"{host}:{port}", tls)
-    if bound == 0:
-        raise SystemExit(f"ar_service could not listen on {host}:{port}")
-    running = ARServer(server, bound, servicer, health_servicer)
-    running.set_serving(False)
-    return running

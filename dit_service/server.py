@@ -10,22 +10,19 @@ import logging
 import queue
 import threading
 from collections.abc import Iterator
-from concurrent import futures
-from dataclasses import dataclass
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from dit_service.engine import (
-    ConditionAssembler, DiTEngine, FinishedImage, Progress, QueueFull, RenderDone, RenderFailed, RenderPlan,
+    DiTEngine, FinishedImage, Progress, QueueFull, RenderDone, RenderFailed, RenderPlan,
 )
 from dit_service.model.sampler import DenoiseCancelled
 from protos import channels, common_pb2, dit_pb2, dit_pb2_grpc
 from protos.formats import format_enum, format_name
 from protos.codec import CodecError, decode_tensor
-from servicekit.grpc_guard import MalformedMessage, MalformedRequestInterceptor
-from servicekit.tls import ServerTLS, add_port
+from servicekit.grpc_guard import MalformedMessage
+from servicekit.grpc_server import RunningServer, build_grpc_server
+from servicekit.tls import ServerTLS
 from protos.status import RequestRejected, abort, abort_rejected
 from protos.values import knobs_from_proto, knobs_to_proto
 
@@ -190,19 +187,6 @@ class RendererServicer(dit_pb2_grpc.RendererServicer):
         return violation
 
 
-@dataclass
-class DiTServer:
-    server: grpc.Server
-    port: int
-    servicer: RendererServicer
-    health: health.HealthServicer
-
-    def set_serving(self, serving: bool) -> None:
-        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        for name in ("", RENDERER_SERVICE):
-            self.health.set(name, status)
-
-
 RENDERER_SERVICE = dit_pb2.DESCRIPTOR.services_by_name["Renderer"].full_name
 
 
@@ -215,21 +199,16 @@ def build_server(
     tls: ServerTLS | None = None,
     max_concurrent_streams: int = channels.DEFAULT_MAX_CONCURRENT_STREAMS,
     max_receive_message_bytes: int = channels.MAX_MESSAGE_BYTES,
-) -> DiTServer:
+) -> RunningServer:
     """A bound, not yet started server reporting NOT_SERVING until ``set_serving(True)``."""
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers),
-        options=channels.server_options(max_concurrent_streams, max_receive_message_bytes),
-        interceptors=[MalformedRequestInterceptor()],
+    return build_grpc_server(
+        "dit_service",
+        RENDERER_SERVICE,
+        RendererServicer(engine),
+        dit_pb2_grpc.add_RendererServicer_to_server,
+        host,
+        port,
+        max_workers,
+        channels.server_options(max_concurrent_streams, max_receive_message_bytes),
+        tls,
     )
-    servicer = RendererServicer(engine)
-    dit_pb2_grpc.add_RendererServicer_to_server(servicer, server)
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection((RENDERER_SERVICE, reflection.SERVICE_NAME, health.SERVICE_NAME), server)
-    bound = add_port(server, f"{host}:{port}", tls)
-    if bound == 0:
-        raise SystemExit(f"dit_service could not listen on {host}:{port}")
-    running = DiTServer(server, bound, servicer, health_servicer)
-    running.set_serving(False)
-    return running
