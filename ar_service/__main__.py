@@ -24,6 +24,7 @@ def main(argv: list[str] | None = None) -> None:
     from protos.knobs import FAMILIES
     from servicekit.checkpoint import open_checkpoint
     from servicekit.devices import pick_device, pick_dtype
+    from servicekit.profiling import make_profiler
 
     if settings.deterministic:
         import os
@@ -72,6 +73,10 @@ def main(argv: list[str] | None = None) -> None:
         max_batch_size=settings.max_batch_size,
         max_queued_requests=settings.max_queued_requests,
         prefix_cache=settings.prefix_cache,
+        fast_decode=settings.fast_decode == "on" or (settings.fast_decode == "auto" and device.type == "cuda"),
+        compile_decode=settings.compile_decode and device.type == "cuda",
+        deterministic=settings.deterministic,
+        profiler=make_profiler("ar_service", settings.profile_dir, device, settings.profile_max_traces),
     )
     if settings.metrics_port:
         from prometheus_client import start_http_server

@@ -32,8 +32,9 @@ from ar_service import events
 from ar_service.generation import (
     ConditionLengthError,
     DecodeStream,
+    EagerDecoder,
+    SlotDecoder,
     build_prefix_cache,
-    decode_step,
     prompt_ids_for,
     system_prefix_ids,
     text_condition_for,
@@ -41,12 +42,14 @@ from ar_service.generation import (
 )
 from ar_service.metrics import EngineMetrics
 from ar_service.model.loading import LoadedAR
+from ar_service.model.static_decode import StaticDecoder
 from ar_service.prompt import Grid, grid_for_size
 from ar_service.render_client import RenderHeader, RenderSession
 from ar_service.sampling import SamplingParams
 from protos.knobs import KnobTable
 from protos.status import RequestRejected
 from servicekit.checkpoint import PipelineCheckpoint
+from servicekit.profiling import BusyProfiler, stage
 
 log = logging.getLogger(__name__)
 
@@ -228,6 +231,11 @@ class AREngine:
         max_queued_requests: int = 16,
         prefix_cache: bool = True,
         metrics: EngineMetrics | None = None,
+        decoder: EagerDecoder | SlotDecoder | None = None,
+        fast_decode: bool = False,
+        compile_decode: bool = False,
+        deterministic: bool = False,
+        profiler: BusyProfiler | None = None,
     ):
         if max_batch_size < 1 or max_queued_requests < 0:
             raise ValueError("max_batch_size must be >= 1 and max_queued_requests >= 0")
@@ -249,10 +257,25 @@ class AREngine:
         self.max_batch_size = max_batch_size
         self.max_queued_requests = max_queued_requests
         self.metrics = metrics or EngineMetrics(max_batch_size)
+        self.profiler = profiler  # None: no tracing, stage labels are a shared no-op
         # The shared system-prompt prefix: split off every prompt either way (same numbers with or without
         # the cache), computed once when the cache is on.
         self.prefix_ids = system_prefix_ids(loaded.tokenizer)
         self.prefix = build_prefix_cache(loaded.model, self.prefix_ids) if prefix_cache else None
+        # Eager: each stream its own cache, padded batch. Fast: fixed slots and an in-place cache sized for the
+        # longest request this engine accepts, CUDA graphs on CUDA; deterministic: every step attends over the
+        # whole cache so that no shape depends on the batch-mates (batch-invariant to the bit).
+        if decoder is None and fast_decode:
+            static = StaticDecoder(
+                loaded.model, max_batch_size, self.max_positions(), compile=compile_decode, full_length=deterministic
+            )
+            log.info(
+                "fast decode: %d slots x %d positions (%.2f GiB of K/V), %s%s", max_batch_size, static.max_positions,
+                (static.k.numel() + static.v.numel()) * static.k.element_size() / 2**30,
+                "CUDA graphs" if static.cuda_graphs else "no CUDA graphs", ", compiled" if compile_decode else "",
+            )
+            decoder = SlotDecoder(static)
+        self.decoder = decoder or EagerDecoder(loaded.model, max_batch_size)
         self._lock = threading.RLock()  # re-entered when a cancel inside the worker wakes the worker
         self._wake = threading.Condition(self._lock)
         self._waiting: deque[Job] = deque()  # admitted, not started (guarded by _lock)
@@ -263,6 +286,17 @@ class AREngine:
         self._seconds_per_image = 1.0  # running estimate of one image's decode wall time, for retry-after
         self._worker = threading.Thread(target=self._work, name="ar-worker", daemon=True)
         self._worker.start()
+
+    def max_positions(self) -> int:
+        """Positions the longest accepted request needs (longest prompt + largest grid) plus one scratch position."""
+        ppt, side = self.pixels_per_token, self.serving.max_side
+        grid = grid_for_size(side - side % ppt, side - side % ppt, ppt)
+        decode = grid.decode_tokens
+        if self.max_pixels is not None:  # a grid of at most max_pixels / ppt^2 tokens plus one EOL per row
+            decode = min(decode, self.max_pixels // ppt**2 + side // ppt + 1)
+        envelope = len(prompt_ids_for(self.loaded.tokenizer, "", grid))
+        needed = envelope + self.max_prompt_tokens + decode
+        return min(needed, self.loaded.config.max_position_embeddings) + 1
 
     # -- the model card ---------------------------------------------------------------------
 
@@ -456,11 +490,16 @@ class AREngine:
 
     def _work(self) -> None:
         while True:
+            if self.profiler is not None and not (self._pending or self._running or self._waiting):
+                self.profiler.idle()  # a busy period ended: its trace is written
             with self._lock:
                 while not self._closed and not self._waiting and not self._pending and not self._running:
                     self._wake.wait()
                 if self._closed:
                     break
+                first = self._waiting[0].plan.request_id if self._waiting else ""
+            if self.profiler is not None:
+                self.profiler.busy(first)  # no-op while a trace is already recording
             try:
                 with torch.inference_mode():
                     self._drop_left()
@@ -474,8 +513,15 @@ class AREngine:
         for slot in list(self._running):
             slot.job.cancel()
         self._running.clear()
+        if self.profiler is not None:
+            self.profiler.idle()
 
     def _set_running(self, slots: list[_Slot]) -> None:
+        """The one place streams leave the batch: whatever is dropped gives its decoder slot back."""
+        staying = {id(slot) for slot in slots}
+        for slot in self._running:
+            if id(slot) not in staying:
+                self.decoder.release(slot.stream)
         with self._lock:
             self._running = slots
         self.metrics.running.set(len(slots))
@@ -554,9 +600,10 @@ class AREngine:
         plan = job.plan
         try:
             if plan.negative_ids is not None and job.mode == "image":
-                job.negative, prefill_ms = text_condition_for(
-                    self.loaded.model, plan.negative_ids, prefix_ids=self.prefix_ids, prefix=self.prefix
-                )
+                with stage(self.profiler, "ar.prefill"):
+                    job.negative, prefill_ms = text_condition_for(
+                        self.loaded.model, plan.negative_ids, prefix_ids=self.prefix_ids, prefix=self.prefix
+                    )
                 job.add_timings(ar_prefill_ms=prefill_ms)
         except Exception as exc:
             log.exception("request %s: negative prefill failed", plan.request_id)
@@ -589,20 +636,23 @@ class AREngine:
             job.attach(session)
             if job.negative is not None:
                 session.send_condition("negative", 0, job.negative)
-        stream = DecodeStream(
-            self.loaded.model,
-            plan.prompt_ids,
-            plan.grid,
-            self.loaded.t2i,
-            plan.sampling,
-            seed,
-            on_row=self._row_handler(job, index, seed, session),
-            prefix_ids=self.prefix_ids,
-            prefix=self.prefix,
-        )
+        with stage(self.profiler, "ar.prefill"):
+            stream = DecodeStream(
+                self.loaded.model,
+                plan.prompt_ids,
+                plan.grid,
+                self.loaded.t2i,
+                plan.sampling,
+                seed,
+                on_row=self._row_handler(job, index, seed, session),
+                prefix_ids=self.prefix_ids,
+                prefix=self.prefix,
+                reserve=self.decoder.reserve,
+            )
         job.add_timings(ar_prefill_ms=stream.prefill_ms)
         if session is not None:
             session.send_condition("text", 0, stream.text_condition)
+        self.decoder.admit(stream)
         return _Slot(job, index, seed, stream, session, time.perf_counter())
 
     def _step(self) -> None:
@@ -614,7 +664,8 @@ class AREngine:
             if slot.job.cancelled.is_set():
                 continue  # failed in this step already
             try:
-                more = slot.stream.sample()
+                with stage(self.profiler, "ar.sample"):
+                    more = slot.stream.sample()
             except ConditionLengthError as exc:
                 log.error("request %s: %s", slot.job.plan.request_id, exc)
                 self._fail(slot.job, RequestRejected(f"AR condition is malformed: {exc}", code=grpc.StatusCode.INTERNAL))
@@ -625,12 +676,13 @@ class AREngine:
                 self._finish(slot)
         feed = [slot for slot in feed if not slot.job.cancelled.is_set()]
         if feed:
-            logits, hidden = decode_step(self.loaded.model, [slot.stream for slot in feed], self.max_batch_size)
+            with stage(self.profiler, "ar.decode_step"):
+                tokens, hidden = self.decoder.step([slot.stream for slot in feed])
             for b, slot in enumerate(feed):
                 if slot.job.cancelled.is_set():
                     continue
                 try:
-                    slot.stream.accept(logits[b : b + 1], hidden[b])
+                    slot.stream.accept(hidden[b], tokens[b])
                 except ConditionLengthError as exc:
                     log.error("request %s: %s", slot.job.plan.request_id, exc)
                     self._fail(slot.job, RequestRejected(f"AR condition is malformed: {exc}", code=grpc.StatusCode.INTERNAL))

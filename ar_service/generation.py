@@ -14,9 +14,10 @@ import torch
 
 from ar_service.model.configuration import ARConfig
 from ar_service.model.modeling import KVCache, MammothModa2AR
+from ar_service.model.static_decode import StaticDecoder
 from ar_service.model.t2i_config import T2IGenerationConfig
 from ar_service.prompt import Grid, allowed_token_range, build_t2i_prompt, system_prefix
-from ar_service.sampling import SamplingParams, sample_next
+from ar_service.sampling import RowSampling, SamplingParams, sample_rows
 
 RowCallback = Callable[[int, torch.Tensor, torch.Tensor], None]
 
@@ -157,10 +158,12 @@ def text_condition_for(
 
 
 class DecodeStream:
-    """One image being decoded: its cache, position, grid column, constraints and sampling generator.
+    """One image being decoded: its cache (or decoder slot), position, grid column, constraints and seed.
 
-    ``sample()`` picks the next token; unless that was the look-ahead token, the stream then needs one
-    forward (``decode_step`` batches those of many streams) whose result it takes in ``accept()``.
+    The token to append next is always drawn already: the first from the prefill's logits, each later one by
+    the decode forward that fed its predecessor (``sample_rows`` with this stream's ``draw`` inputs). ``sample()``
+    appends it; unless that was the look-ahead token, the stream then needs one forward (a decoder's ``step``
+    batches those of many streams), whose hidden state and drawn token it takes in ``accept()``.
     Rows go to ``on_row(row, hidden [W+1, H] on the CPU, token ids)`` as soon as their EOL is fed.
     """
 
@@ -175,22 +178,28 @@ class DecodeStream:
         on_row: RowCallback | None = None,
         prefix_ids: list[int] | None = None,
         prefix: PrefixCache | None = None,
+        reserve: bool = True,
     ) -> None:
+        """``reserve``: size the prefill cache for the whole grid (the eager decoder grows it in place);
+        a slot decoder copies the prompt's K/V into its own cache, so it needs only the prompt."""
         total = len(prompt_ids) + grid.decode_tokens
         if total > model.config.max_position_embeddings:
             raise ValueError(
                 f"prompt + grid needs {total} positions; the model allows {model.config.max_position_embeddings}"
             )
         self.model, self.grid, self.t2i, self.sampling, self.on_row = model, grid, t2i, sampling, on_row
+        self.seed = seed
         self.prompt_len = len(prompt_ids)
-        self.generator = torch.Generator(device="cpu").manual_seed(seed % 2**64)
+        self.tokens: list[int] = []
         start = time.perf_counter()
         logits, self.text_condition, self.cache = _prefill(
-            model, prompt_ids, KVCache(capacity=total), prefix_ids, prefix
+            model, prompt_ids, KVCache(capacity=total if reserve else len(prompt_ids)), prefix_ids, prefix
         )  # .cpu() inside syncs the device
+        lo, hi = allowed_token_range(0, grid, t2i)
+        first = sample_rows(logits[:, lo : hi + 1], lo, RowSampling.build([self.draw], logits.device))
+        self.next_token: int | None = int(first[0])
         self.prefill_ms = (time.perf_counter() - start) * 1000
-        self.logits: torch.Tensor | None = logits
-        self.tokens: list[int] = []
+        self.slot: int | None = None  # a slot decoder's row, while the stream holds one
         self.row_len = grid.width + 1
         self._row = torch.empty(self.row_len, model.config.hidden_size, dtype=model.dtype, device=model.device)
 
@@ -198,12 +207,18 @@ class DecodeStream:
     def done(self) -> bool:
         return len(self.tokens) == self.grid.decode_tokens
 
+    @property
+    def draw(self) -> tuple[tuple[int, int], SamplingParams, int, int]:
+        """(allowed id range, sampling params, seed, step) of the token drawn next: ``sample_rows``' row inputs."""
+        step = len(self.tokens)
+        return allowed_token_range(step, self.grid, self.t2i), self.sampling, self.seed, step
+
     def sample(self) -> bool:
-        """Samples the next token; True when it must be fed (a forward is due), False after the look-ahead."""
-        i = len(self.tokens)
-        token = int(sample_next(self.logits, allowed_token_range(i, self.grid, self.t2i), self.sampling, self.generator)[0])
-        self.tokens.append(token)
-        self.logits = None
+        """Appends the drawn token; True when it must be fed (a forward is due), False after the look-ahead."""
+        if self.next_token is None:
+            raise RuntimeError("no token drawn: accept() the last forward first")
+        self.tokens.append(self.next_token)
+        self.next_token = None
         if self.done:
             check_image_condition(self.tokens, self.model.config, self.grid)
             self.cache = None  # free the K/V now
@@ -215,9 +230,9 @@ class DecodeStream:
         """(token id, position) of the forward this stream waits for."""
         return self.tokens[-1], self.prompt_len + len(self.tokens) - 1
 
-    def accept(self, logits: torch.Tensor, hidden: torch.Tensor) -> None:
-        """Takes this stream's row of a decode forward: logits [1, V], hidden [H]."""
-        self.logits = logits
+    def accept(self, hidden: torch.Tensor, next_token: int) -> None:
+        """Takes this stream's row of a decode forward: the fed token's hidden state [H] and the token it drew."""
+        self.next_token = next_token
         i = len(self.tokens) - 1
         self._row[i % self.row_len] = hidden
         if (i + 1) % self.row_len == 0:
@@ -229,12 +244,58 @@ class DecodeStream:
                 self.on_row(row, self._row.to("cpu", copy=True), torch.tensor(ids))
 
 
-@torch.inference_mode()
-def decode_step(model: MammothModa2AR, streams: list[DecodeStream], pad_to: int = DEFAULT_PAD_TO) -> tuple[torch.Tensor, torch.Tensor]:
-    """One batched forward for every stream that waits for one; returns (logits [B, V], hidden [B, H]) for the
-    caller to hand to each stream's ``accept`` (the caller decides what a failing stream takes down)."""
-    ids, positions = zip(*(s.feed for s in streams))
-    return model.decode(list(ids), list(positions), [s.cache for s in streams], pad_to=pad_to)
+class EagerDecoder:
+    """Each stream keeps its own growing KVCache; every step is one forward padded to ``pad_to`` rows (the
+    CPU path: batch-invariant to the bit, see ``MammothModa2AR.decode``), then the row-wise sampler."""
+
+    reserve = True
+
+    def __init__(self, model: MammothModa2AR, pad_to: int = DEFAULT_PAD_TO) -> None:
+        self.model, self.pad_to = model, pad_to
+
+    def admit(self, stream: DecodeStream) -> None:
+        """Nothing to do: the stream decodes in its own cache."""
+
+    def release(self, stream: DecodeStream) -> None:
+        stream.cache = None
+
+    @torch.inference_mode()
+    def step(self, streams: list[DecodeStream]) -> tuple[list[int], torch.Tensor]:
+        """One forward for ``streams``: (the token each drew, hidden states [B, H])."""
+        ids, positions = zip(*(s.feed for s in streams))
+        logits, hidden = self.model.decode(list(ids), list(positions), [s.cache for s in streams], pad_to=self.pad_to)
+        rows = RowSampling.build([s.draw for s in streams], logits.device)
+        return sample_rows(logits, self.model.config.gen_vocab_start_index, rows).tolist(), hidden
+
+
+class SlotDecoder:
+    """Streams decode in the fixed slots of a ``StaticDecoder`` (CUDA graphs, sampling inside): a stream takes a
+    slot after its prefill and must give it back (``release``) when it finishes, fails or is cancelled."""
+
+    reserve = False
+
+    def __init__(self, static: StaticDecoder) -> None:
+        self.static = static
+
+    def admit(self, stream: DecodeStream) -> None:
+        stream.slot = self.static.admit(stream.cache)
+        stream.cache = None
+
+    def release(self, stream: DecodeStream) -> None:
+        stream.cache = None
+        if stream.slot is not None:
+            self.static.release(stream.slot)
+            stream.slot = None
+
+    @torch.inference_mode()
+    def step(self, streams: list[DecodeStream]) -> tuple[list[int], torch.Tensor]:
+        ids, positions = zip(*(s.feed for s in streams))
+        return self.static.step([s.slot for s in streams], list(ids), list(positions), [s.draw for s in streams])
+
+
+def decode_step(model: MammothModa2AR, streams: list[DecodeStream], pad_to: int = DEFAULT_PAD_TO):
+    """One eager batched forward for every stream that waits for one: (drawn tokens, hidden [B, H])."""
+    return EagerDecoder(model, pad_to).step(streams)
 
 
 @torch.inference_mode()
@@ -251,9 +312,11 @@ def generate_grid(
     pad_to: int = DEFAULT_PAD_TO,
     prefix_ids: list[int] | None = None,
     prefix: PrefixCache | None = None,
+    decoder: EagerDecoder | SlotDecoder | None = None,
 ) -> GridResult:
     """Decode exactly grid.decode_tokens tokens of one image alone (the engine's batched loop, batch of one);
-    `on_prefill(text_condition)` fires before decoding."""
+    `on_prefill(text_condition)` fires before decoding. ``decoder`` defaults to an ``EagerDecoder(pad_to)``."""
+    decoder = decoder or EagerDecoder(model, pad_to)
     rows: list[torch.Tensor] = []
 
     def keep_row(row: int, hidden: torch.Tensor, ids: torch.Tensor) -> None:
@@ -261,17 +324,21 @@ def generate_grid(
         if on_row is not None:
             on_row(row, hidden, ids)
 
-    stream = DecodeStream(model, prompt_ids, grid, t2i, sampling, seed, keep_row, prefix_ids, prefix)
+    stream = DecodeStream(model, prompt_ids, grid, t2i, sampling, seed, keep_row, prefix_ids, prefix, decoder.reserve)
     if on_prefill is not None:
         on_prefill(stream.text_condition)
+    decoder.admit(stream)
     start = time.perf_counter()
-    for i in range(grid.decode_tokens):
-        if should_stop is not None and should_stop():
-            raise GenerationCancelled(f"stopped after {i} of {grid.decode_tokens} tokens")
-        if not stream.sample():
-            break
-        logits, hidden = decode_step(model, [stream], pad_to)
-        stream.accept(logits[0:1], hidden[0])
+    try:
+        for i in range(grid.decode_tokens):
+            if should_stop is not None and should_stop():
+                raise GenerationCancelled(f"stopped after {i} of {grid.decode_tokens} tokens")
+            if not stream.sample():
+                break
+            tokens, hidden = decoder.step([stream])
+            stream.accept(hidden[0], tokens[0])
+    finally:
+        decoder.release(stream)
     decode_ms = (time.perf_counter() - start) * 1000
     image = torch.cat(rows, dim=0) if rows else torch.empty(0, model.config.hidden_size, dtype=model.dtype)
     return GridResult(stream.tokens, stream.text_condition, image, stream.prefill_ms, decode_ms)

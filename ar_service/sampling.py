@@ -1,10 +1,22 @@
-"""Constrained next-token sampling: range mask, temperature, top-k, top-p, then multinomial."""
+"""Constrained next-token sampling, row by row, on whatever device holds the logits.
+
+Each row has its own id range, temperature, top-k, top-p, seed and step. The draw is Gumbel-max: the token is
+the argmax of ``logits / temperature + g`` over the ids that survive the range, top-k and top-p filters, with
+``g = -log(-log(u))`` and ``u`` a counter-based hash of (seed, step, token id). That is a draw from the
+filtered softmax distribution (the Gumbel-max identity), and, unlike a stateful generator shared by a batch,
+a row's draw depends only on its own seed, step and logits: batch-invariant, the same on CPU and CUDA for the
+same logits, and free of host round trips, so the GPU decode step samples inside its CUDA graph.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+_M31 = 2**31 - 1
+#: The multiplier of the widely used 32-bit integer hash ``x = ((x >> 16) ^ x) * 0x45d9f3b`` (three rounds).
+_HASH_MULTIPLIER = 0x45D9F3B
 
 
 @dataclass(frozen=True)
@@ -22,31 +34,87 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
 
-def sample_next(
-    logits: torch.Tensor, allowed: tuple[int, int], params: SamplingParams, generator: torch.Generator
-) -> torch.Tensor:
-    """Sample one id per row of `logits` [B, V] from the inclusive range `allowed`.
+@dataclass
+class RowSampling:
+    """Per-row sampling inputs as tensors [B] on one device (a CUDA graph reads them in place)."""
 
-    Everything outside the range has probability zero, so we work on the range's slice of the
-    logits (same distribution as masking to -inf, and far less work for a 184k vocabulary).
-    Runs on the generator's device so a CPU generator gives the same draw for any model device.
+    lo: torch.Tensor  # int64, first allowed id (absolute)
+    hi: torch.Tensor  # int64, last allowed id (inclusive)
+    temperature: torch.Tensor  # float32
+    top_k: torch.Tensor  # int64, <= 0: off
+    top_p: torch.Tensor  # float32
+    seed: torch.Tensor  # int64, >= 0
+    step: torch.Tensor  # int64, index of the token being drawn
+
+    @classmethod
+    def empty(cls, rows: int, device) -> "RowSampling":
+        long = dict(dtype=torch.long, device=device)
+        return cls(
+            lo=torch.zeros(rows, **long), hi=torch.zeros(rows, **long),
+            temperature=torch.ones(rows, dtype=torch.float32, device=device), top_k=torch.zeros(rows, **long),
+            top_p=torch.ones(rows, dtype=torch.float32, device=device), seed=torch.zeros(rows, **long),
+            step=torch.zeros(rows, **long),
+        )
+
+    @classmethod
+    def build(cls, rows: list[tuple[tuple[int, int], SamplingParams, int, int]], device) -> "RowSampling":
+        """From (allowed range, params, seed, step) per row."""
+        out = cls.empty(len(rows), device)
+        out.fill(rows)
+        return out
+
+    def fill(self, rows: list[tuple[tuple[int, int], SamplingParams, int, int]], first_row: int = 0) -> None:
+        """Writes rows ``first_row ..`` in place (two host-to-device copies)."""
+        if not rows:
+            return
+        ints = torch.tensor([[lo, hi, p.top_k, seed % 2**63, step] for (lo, hi), p, seed, step in rows], dtype=torch.long)
+        floats = torch.tensor([[p.temperature, p.top_p] for _, p, _, _ in rows], dtype=torch.float32)
+        end = first_row + len(rows)
+        for i, target in enumerate((self.lo, self.hi, self.top_k, self.seed, self.step)):
+            target[first_row:end].copy_(ints[:, i])
+        self.temperature[first_row:end].copy_(floats[:, 0])
+        self.top_p[first_row:end].copy_(floats[:, 1])
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """31-bit integer hash (products stay below 2**58: no int64 overflow on any device)."""
+    for _ in range(3):
+        x = ((x ^ (x >> 16)) * _HASH_MULTIPLIER) & _M31
+    return x
+
+
+def gumbel_noise(seed: torch.Tensor, step: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Gumbel(0, 1) noise [B, V] for token ``ids`` [V] of rows with ``seed``/``step`` [B]: a pure function of the three."""
+    seed_low = seed & _M31
+    seed_high = ((seed >> 31) & _M31) ^ (seed >> 62)
+    key = _mix(_mix(_mix(seed_low) ^ seed_high) ^ (step & _M31))  # [B]
+    bits = _mix(key[:, None] ^ ids[None, :]) >> 7  # 24 random bits
+    u = (bits.float() + 0.5) * (1.0 / 2**24)  # strictly inside (0, 1)
+    return -torch.log(-torch.log(u))
+
+
+def sample_rows(logits: torch.Tensor, offset: int, rows: RowSampling) -> torch.Tensor:
+    """One id per row of ``logits`` [B, V] (column j is id ``offset + j``): int64 [B], absolute ids.
+
+    Filters as the reference samplers do: the allowed range, then temperature, top-k, then top-p over what
+    top-k kept (the best token always stays). Only tensor ops with fixed shapes: capturable in a CUDA graph.
     """
-    lo, hi = allowed
-    if not 0 <= lo <= hi < logits.shape[-1]:
-        raise ValueError(f"allowed range [{lo}, {hi}] is outside the vocabulary of {logits.shape[-1]}")
-    scores = logits[:, lo : hi + 1].to(device=generator.device, dtype=torch.float32)
-    if params.temperature == 0:
-        return scores.argmax(dim=-1) + lo
-    scores = scores / params.temperature
-    if 0 < params.top_k < scores.shape[-1]:
-        kth = torch.topk(scores, params.top_k, dim=-1).values[:, -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_scores, order = scores.sort(dim=-1, descending=True)
-        probs = sorted_scores.softmax(dim=-1)
-        # Drop a token when the tokens ranked above it already reach top_p; the best one always stays.
-        drop = probs.cumsum(dim=-1) - probs >= params.top_p
-        drop[:, 0] = False
-        scores = scores.scatter(-1, order, sorted_scores.masked_fill(drop, float("-inf")))
-    probs = scores.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1) + lo
+    b, v = logits.shape
+    device = logits.device
+    ids = torch.arange(v, device=device) + offset
+    allowed = (ids[None] >= rows.lo[:, None]) & (ids[None] <= rows.hi[:, None])
+    greedy = rows.temperature <= 0
+    scale = torch.where(greedy, torch.ones_like(rows.temperature), rows.temperature)
+    scores = (logits.float() / scale[:, None]).masked_fill(~allowed, float("-inf"))
+    ordered, order = scores.sort(dim=-1, descending=True, stable=True)
+    rank = torch.arange(v, device=device)[None]
+    k = torch.where((rows.top_k > 0) & (rows.top_k < v), rows.top_k, torch.full_like(rows.top_k, v))
+    ordered = ordered.masked_fill(rank >= k[:, None], float("-inf"))
+    probs = ordered.softmax(dim=-1)
+    # Drop a token when the tokens ranked above it already reach top_p; the best one always stays.
+    drop = (probs.cumsum(dim=-1) - probs >= rows.top_p[:, None]) & (rank > 0)
+    ordered = ordered.masked_fill(drop, float("-inf"))
+    noise = gumbel_noise(rows.seed, rows.step, ids).gather(1, order)
+    noisy = torch.where(greedy[:, None], ordered, ordered + noise)
+    pick = noisy.argmax(dim=-1, keepdim=True)
+    return order.gather(1, pick).squeeze(1) + offset

@@ -46,10 +46,28 @@ class ARSettings(ServiceSettings):
         description="torch deterministic algorithms (and CUBLAS_WORKSPACE_CONFIG=:4096:8 unless set): for CUDA; "
         "the CPU is batch-invariant without it",
     )
+    fast_decode: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="decode in fixed slots with an in-place K/V cache sized for the longest accepted request, captured "
+        "in CUDA graphs on CUDA (auto: on for CUDA, off on CPU); with deterministic, every step attends over the "
+        "whole cache (batch-invariant to the bit, slower)",
+    )
+    compile_decode: bool = Field(
+        True, description="with fast_decode on CUDA: fuse each layer's elementwise work with torch.compile (slower start)"
+    )
     prefix_cache: bool = Field(True, description="prefill the shared system-prompt prefix once and reuse its K/V")
     metrics_port: int = Field(
         0, ge=0, le=65535,
         description="serve Prometheus metrics on this port (0 = off; e.g. 9451); a port in use is logged, not fatal",
+    )
+    profile_dir: Path | None = Field(
+        None,
+        description="write a torch.profiler Chrome trace of each busy period (idle -> busy -> idle) to this directory, "
+        "named <service>-<UTC time>-<first request id>.json, at most profile_max_traces per process "
+        "(default: off, at no cost)",
+    )
+    profile_max_traces: int = Field(
+        10, ge=1, description="most traces profile_dir gets per process; later busy periods are not traced (bounds disk use)"
     )
     # -- shutdown --
     shutdown_drain_s: float = Field(0.0, ge=0, description="on SIGTERM, report NOT_SERVING this long before refusing calls")

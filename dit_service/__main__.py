@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     from dit_service.server import build_server
     from protos.knobs import FAMILIES
     from servicekit.devices import pick_device, pick_dtype
+    from servicekit.profiling import make_profiler
     from servicekit.checkpoint import open_checkpoint
 
     if settings.deterministic:
@@ -70,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         max_batch_size=settings.max_batch_size,
         max_queued_renders=settings.max_queued_renders,
         deterministic=settings.deterministic,
+        profiler=make_profiler("dit_service", settings.profile_dir, device, settings.profile_max_traces),
     )
     if settings.metrics_port:
         from prometheus_client import start_http_server

@@ -31,6 +31,7 @@ from dit_service.model.pipeline import DiTPipeline
 from dit_service.model.sampler import DenoiseCancelled
 from protos.knobs import KnobTable
 from protos.status import RequestRejected
+from servicekit.profiling import BusyProfiler, stage
 
 log = logging.getLogger(__name__)
 
@@ -256,6 +257,7 @@ class DiTEngine:
         max_batch_size: int = 4,
         max_queued_renders: int = 16,
         deterministic: bool = False,
+        profiler: BusyProfiler | None = None,
     ):
         if max_batch_size < 1 or max_queued_renders < 1:
             raise ValueError("max_batch_size and max_queued_renders must be at least 1")
@@ -270,6 +272,7 @@ class DiTEngine:
         self.max_queued_renders = max_queued_renders
         self.deterministic = deterministic
         self.metrics = EngineMetrics(max_batch_size)
+        self.profiler = profiler  # None: no tracing, stage labels are a shared no-op
         self._lock = threading.Condition()
         self._queue: deque[RenderJob] = deque()
         self._reserved = 0  # admitted at their header, condition still arriving
@@ -446,13 +449,18 @@ class DiTEngine:
 
     def _work(self) -> None:
         while True:
+            if self.profiler is not None and not self._queue and not self._running:
+                self.profiler.idle()  # a busy period ended: its trace is written
             with self._lock:
                 while not self._queue and not self._running and not self._closed:
                     self._lock.wait()
                 if self._closed and not self._queue and not self._running:
                     return
+                first = self._queue[0].plan.request_id if self._queue else ""
                 self._sweep_queue()
                 joiners = self._take_joiners()
+            if self.profiler is not None:
+                self.profiler.busy(first)  # no-op while a trace is already recording
             try:
                 for job, image in joiners:
                     self._join(job, image)
@@ -553,12 +561,13 @@ class DiTEngine:
     def _step(self) -> None:
         batch = list(self._running)
         started = time.perf_counter()
-        if self.deterministic:  # each image in a call of its own: the same kernels whatever else is running
-            for running in batch:
-                mode = running.job.plan.knobs.get("cfg_execution_mode", "sequential")
-                self.pipeline.step([running.entry], separate=mode == "sequential")
-        else:
-            self.pipeline.step([r.entry for r in batch])
+        with stage(self.profiler, "dit.denoise_step"):
+            if self.deterministic:  # each image in a call of its own: the same kernels whatever else is running
+                for running in batch:
+                    mode = running.job.plan.knobs.get("cfg_execution_mode", "sequential")
+                    self.pipeline.step([running.entry], separate=mode == "sequential")
+            else:
+                self.pipeline.step([r.entry for r in batch])
         elapsed = time.perf_counter() - started
         self._step_ewma_s = 0.8 * self._step_ewma_s + 0.2 * elapsed
         self.metrics.step_seconds.observe(elapsed)
@@ -585,9 +594,11 @@ class DiTEngine:
     def _finish(self, running: _Running) -> None:
         job, plan, entry = running.job, running.job.plan, running.entry
         t1 = time.perf_counter()
-        pixels = self.pipeline.decode(entry.latents)
+        with stage(self.profiler, "dit.vae_decode"):
+            pixels = self.pipeline.decode(entry.latents)
         t2 = time.perf_counter()
-        data = encode_image(pixels, plan.output_format, plan.output_compression)
+        with stage(self.profiler, "dit.encode"):
+            data = encode_image(pixels, plan.output_format, plan.output_compression)
         t3 = time.perf_counter()
         timings = job.timings
         timings["denoise_ms"] += running.denoise_s * 1e3

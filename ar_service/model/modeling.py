@@ -346,8 +346,10 @@ class MammothModa2AR(nn.Module):
     def decode(
         self, input_ids: list[int], positions: list[int], caches: list[KVCache], pad_to: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One batched decode token for B streams, each with its own cache: returns (float32 logits [B, V],
-        condition hidden states [B, H]).
+        """One batched decode token for B streams, each with its own cache: returns (float32 logits over the
+        generation vocabulary [B, gen_vocab_size], i.e. ids from ``gen_vocab_start_index``, and condition hidden
+        states [B, H]). Decode tokens are T2I grid tokens, whose allowed ids all lie in the generation
+        vocabulary, so the text head is not computed (the same numbers as ``logits()``'s generation columns).
 
         The batch is padded to ``pad_to`` rows (padding rows: the first generation id at position 0, no cache),
         so that every matmul has the same shape however many streams are real: CPU BLAS may pick another
@@ -365,7 +367,7 @@ class MammothModa2AR(nn.Module):
         final, condition = self.model.language_model.decode(
             ids[:, None], pos[:, None], caches, self.config.condition_layers
         )
-        return self.logits(final[:b, 0]), condition[:b, 0]
+        return self.gen_head(final[:b, 0]).float(), condition[:b, 0]
 
 
 def mask_generation_vocab(logits: torch.Tensor, gen_vocab_start_index: int, t2i: bool) -> torch.Tensor:

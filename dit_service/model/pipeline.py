@@ -79,6 +79,8 @@ class DiTPipeline:
         self.condition_mode = condition_mode
         self.device = torch.device(device)
         self.dtype = dtype
+        # CUDA: a CFG pair (or a step batch) runs its joint layers on the valid rows only, packed back to back.
+        self.transformer.pack_samples = self.device.type == "cuda"
 
     @classmethod
     def from_checkpoint(

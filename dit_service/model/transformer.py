@@ -122,8 +122,12 @@ class Attention(nn.Module):
         self.norm_k = RMSNorm(self.head_dim, eps=1e-5)
         self.to_out = nn.ModuleList([nn.Linear(heads * self.head_dim, dim, bias=False), nn.Dropout(0.0)])
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int] | None) -> torch.Tensor:
-        """x [B, S, dim]; ``lengths`` = valid leading rows per sample (None: all S). Padded rows come out zero."""
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int] | None,
+        segments: list[tuple[int, int]] | None = None,
+    ) -> torch.Tensor:
+        """x [B, S, dim]; ``lengths`` = valid leading rows per sample (None: all S), padded rows come out zero;
+        or, packed, x [1, N, dim] holding several samples back to back: ``segments`` = (start, length) of each."""
         b, s, _ = x.shape
         q = self.norm_q(self.to_q(x).view(b, s, self.heads, self.head_dim))
         k = self.norm_k(self.to_k(x).view(b, s, self.kv_heads, self.head_dim))
@@ -134,7 +138,12 @@ class Attention(nn.Module):
             k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
             v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
         lengths = [s] * b if lengths is None else lengths
-        if b == 1 and lengths[0] == s:
+        if segments is not None:  # packed samples: each attends over its own segment
+            out = torch.cat(
+                [F.scaled_dot_product_attention(q[:, :, a : a + n], k[:, :, a : a + n], v[:, :, a : a + n])
+                 for a, n in segments], dim=2,
+            )
+        elif b == 1 and lengths[0] == s:
             out = F.scaled_dot_product_attention(q, k, v)
         else:
             # Each sample attends over its own valid rows only (the reference's varlen path), so neither padding
@@ -158,10 +167,14 @@ class RMSNormZero(nn.Module):
         self.linear = nn.Linear(min(dim, 1024), 4 * dim, bias=True)
         self.norm = RMSNorm(dim, eps)
 
-    def forward(self, x: torch.Tensor, temb: torch.Tensor):
-        """temb [>= B, D]: rows past x's batch are padding and are dropped after the linear."""
-        scale_msa, gate_msa, scale_mlp, gate_mlp = self.linear(F.silu(temb))[: x.shape[0]].chunk(4, dim=1)
-        return self.norm(x) * (1 + scale_msa[:, None]), gate_msa, scale_mlp, gate_mlp
+    def forward(self, x: torch.Tensor, temb: torch.Tensor, token_sample: torch.Tensor | None = None):
+        """temb [>= B, D]: rows past x's batch are padding and are dropped after the linear. Returns the scaled
+        input and the gates shaped to broadcast over x: [B, 1, D], or per token [1, N, D] for packed samples
+        (``token_sample`` [N]: the sample each token of x [1, N, D] belongs to)."""
+        mod = self.linear(F.silu(temb))
+        mod = mod[: x.shape[0], None] if token_sample is None else mod[token_sample][None]
+        scale_msa, gate_msa, scale_mlp, gate_mlp = mod.chunk(4, dim=-1)
+        return self.norm(x) * (1 + scale_msa), gate_msa, scale_mlp, gate_mlp
 
 
 class TransformerBlock(nn.Module):
@@ -175,13 +188,14 @@ class TransformerBlock(nn.Module):
         self.norm2 = RMSNorm(dim, eps)
         self.ffn_norm2 = RMSNorm(dim, eps)
 
-    def forward(self, x, cos, sin, lengths, temb=None):
+    def forward(self, x, cos, sin, lengths, temb=None, token_sample=None, segments=None):
+        """``token_sample``/``segments``: x [1, N, D] packs several samples (see Attention and RMSNormZero)."""
         if self.modulation:
-            h, gate_msa, scale_mlp, gate_mlp = self.norm1(x, temb)
-            x = x + gate_msa[:, None].tanh() * self.norm2(self.attn(h, cos, sin, lengths))
-            out = self.feed_forward(self.ffn_norm1(x) * (1 + scale_mlp[:, None]))
-            return x + gate_mlp[:, None].tanh() * self.ffn_norm2(out)
-        x = x + self.norm2(self.attn(self.norm1(x), cos, sin, lengths))
+            h, gate_msa, scale_mlp, gate_mlp = self.norm1(x, temb, token_sample)
+            x = x + gate_msa.tanh() * self.norm2(self.attn(h, cos, sin, lengths, segments))
+            out = self.feed_forward(self.ffn_norm1(x) * (1 + scale_mlp))
+            return x + gate_mlp.tanh() * self.ffn_norm2(out)
+        x = x + self.norm2(self.attn(self.norm1(x), cos, sin, lengths, segments))
         return x + self.ffn_norm2(self.feed_forward(self.ffn_norm1(x)))
 
 
@@ -283,6 +297,9 @@ class MammothDiT(nn.Module):
         self.layers = blocks(num_layers, True)
         self.norm_out = LayerNormContinuous(hidden_size, patch_size * patch_size * self.out_channels)
         self.image_index_embedding = nn.Parameter(torch.zeros(MAX_REF_IMAGES, hidden_size))
+        # Joint layers over packed samples (no padding rows) when a call holds several: set on CUDA, where batch
+        # invariance is not promised by the default mode; the CPU keeps the padded layout (bit-exact invariance).
+        self.pack_samples = False
 
     @classmethod
     def from_config(cls, config: dict, condition_dim: int) -> "MammothDiT":
@@ -309,6 +326,24 @@ class MammothDiT(nn.Module):
         b, p, c = tokens.shape[0], self.patch_size, self.out_channels
         x = tokens.reshape(b, h // p, w // p, p, p, c).permute(0, 5, 1, 3, 2, 4)
         return x.reshape(b, c, h, w)
+
+    def _packed_layers(self, x, cos, sin, seq_lengths: list[int], temb) -> torch.Tensor:
+        """The joint layers over the samples' valid rows back to back ([1, sum(lengths), D]): no matmul work on
+        padding (a CFG pair pads its short unconditional branch to the conditional one's length otherwise)."""
+        b, total, _ = x.shape
+        starts = [sum(seq_lengths[:i]) for i in range(b)]
+        segments = list(zip(starts, seq_lengths))
+        flat = lambda t: torch.cat([t[i, :n] for i, n in enumerate(seq_lengths)])[None]  # noqa: E731
+        token_sample = torch.repeat_interleave(
+            torch.arange(b, device=x.device), torch.tensor(seq_lengths, device=x.device)
+        )
+        h, cos, sin = flat(x), flat(cos), flat(sin)
+        for layer in self.layers:
+            h = layer(h, cos, sin, None, temb, token_sample, segments)
+        out = x.new_zeros(b, total, x.shape[-1])
+        for i, (a, n) in enumerate(segments):
+            out[i, :n] = h[0, a : a + n]
+        return out
 
     # -- forward --------------------------------------------------------------------------------------------------
 
@@ -381,8 +416,11 @@ class MammothDiT(nn.Module):
                 x[i, :n], x[i, n : n + n_img] = cond[i, :n], img[i, :n_img]
                 cos[i, :n], cos[i, n : n + n_img] = cap_cos[i, :n], img_cos[i]
                 sin[i, :n], sin[i, n : n + n_img] = cap_sin[i, :n], img_sin[i]
-        for layer in self.layers:
-            x = layer(x, cos, sin, seq_lengths, temb)
+        if self.pack_samples and b > 1:
+            x = self._packed_layers(x, cos, sin, seq_lengths, temb)
+        else:
+            for layer in self.layers:
+                x = layer(x, cos, sin, seq_lengths, temb)
 
         x = self.norm_out(x, temb)
         out = torch.stack([x[i, n : n + n_img] for i, n in enumerate(lengths)])

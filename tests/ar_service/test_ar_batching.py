@@ -145,9 +145,9 @@ def test_batched_decode_step_is_row_independent(tiny_ar):
         feed = [s for s in running if s.sample()]
         running = feed
         if feed:
-            logits, hidden = decode_step(tiny_ar.model, feed, pad_to=8)
+            tokens, hidden = decode_step(tiny_ar.model, feed, pad_to=8)
             for b, s in enumerate(feed):
-                s.accept(logits[b : b + 1], hidden[b])
+                s.accept(hidden[b], tokens[b])
         step += 1
     assert target.tokens == alone.token_ids
     assert torch.equal(torch.cat(rows), alone.image_condition)

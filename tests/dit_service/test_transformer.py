@@ -51,6 +51,26 @@ def test_padded_batch_equals_one_at_a_time_exactly(pipeline, text, image):
 
 
 @torch.no_grad()
+def test_packed_samples_give_the_padded_batch_result(pipeline, text, image):
+    """The CUDA layout (samples' valid rows back to back, no padding) computes what the padded layout does."""
+    model = pipeline.transformer
+    latents, _ = _inputs(batch=3)
+    t = torch.tensor([0.2, 0.6, 0.9])
+    cond = torch.cat([text, image])
+    batch = torch.zeros(3, cond.shape[0], cond.shape[1])
+    batch[0], batch[2, :4] = cond, text[:4]
+    lengths = [cond.shape[0], 0, 4]
+    padded = model(latents, t, batch, lengths)
+    model.pack_samples = True
+    try:
+        packed = model(latents, t, batch, lengths)
+    finally:
+        model.pack_samples = False
+    torch.testing.assert_close(packed, padded, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(packed[0], packed[1])  # samples kept apart
+
+
+@torch.no_grad()
 def test_output_depends_on_time_and_condition(pipeline, text):
     latents, t = _inputs()
     a = pipeline.transformer(latents, t, text[None])

@@ -1,0 +1,136 @@
+"""The fast decode step (fixed slots, in-place K/V) against the eager one, on the tiny model on CPU.
+
+On CUDA the same step is captured in graphs; the numbers it replays are those of this eager run of it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from ar_service import events
+from ar_service.generation import (
+    DecodeStream,
+    EagerDecoder,
+    SlotDecoder,
+    build_prefix_cache,
+    generate_grid,
+    prompt_ids_for,
+    system_prefix_ids,
+)
+from ar_service.model.static_decode import StaticDecoder
+from ar_service.prompt import grid_for_size
+from ar_service.sampling import SamplingParams
+
+from servicekit.checkpoint import open_checkpoint
+from tests.ar_service.test_ar_batching import FakeRenderer, make_engine, wait_done
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_ar):
+    t2i = tiny_ar.t2i
+    return tiny_ar, SamplingParams(t2i.temperature, t2i.top_k, t2i.top_p), build_prefix_cache(
+        tiny_ar.model, system_prefix_ids(tiny_ar.tokenizer)
+    )
+
+
+def _grid(tiny_ar, sampling, prefix, prompt, size, seed, decoder):
+    grid = grid_for_size(*size, 16)
+    ids = prompt_ids_for(tiny_ar.tokenizer, prompt, grid)
+    return generate_grid(tiny_ar.model, ids, grid, tiny_ar.t2i, sampling, seed, prefix=prefix, decoder=decoder)
+
+
+@pytest.mark.parametrize("full_length", [False, True])
+def test_fast_decode_matches_the_eager_decode(setup, full_length):
+    """Same tokens, same condition states up to float reordering, for a grid that crosses several length buckets."""
+    tiny_ar, sampling, prefix = setup
+    static = StaticDecoder(tiny_ar.model, slots=4, max_positions=1200, full_length=full_length)
+    eager = _grid(tiny_ar, sampling, prefix, "a lighthouse", (256, 256), 7, EagerDecoder(tiny_ar.model, 4))
+    fast = _grid(tiny_ar, sampling, prefix, "a lighthouse", (256, 256), 7, SlotDecoder(static))
+    assert len(eager.token_ids) > 256  # more than one bucket of positions
+    assert fast.token_ids == eager.token_ids
+    torch.testing.assert_close(fast.image_condition, eager.image_condition, rtol=1e-4, atol=1e-5)
+    assert static.free_slots == 4  # the slot came back
+
+
+def test_full_length_fast_decode_is_batch_invariant_to_the_bit(setup):
+    """With every step over the whole cache, a stream's tokens and states alone equal those among three others
+    that join late, at other sizes and positions."""
+    tiny_ar, sampling, prefix = setup
+    static = StaticDecoder(tiny_ar.model, slots=4, max_positions=700, full_length=True)
+    decoder = SlotDecoder(static)
+    alone = _grid(tiny_ar, sampling, prefix, "a cat", (128, 128), 5, decoder)
+
+    def stream(prompt, size, seed, rows):
+        g = grid_for_size(*size, 16)
+        ids = prompt_ids_for(tiny_ar.tokenizer, prompt, g)
+        s = DecodeStream(tiny_ar.model, ids, g, tiny_ar.t2i, sampling, seed, lambda r, h, t: rows.append(h),
+                         prefix=prefix, reserve=False)
+        decoder.admit(s)
+        return s
+
+    rows: list[torch.Tensor] = []
+    target = stream("a cat", (128, 128), 5, rows)
+    running = [target]
+    joiners = [stream(f"dog number {k}", (64 + 16 * k, 96), 100 + k, []) for k in range(3)]
+    step = 0
+    while running:
+        if step % 5 == 0 and joiners:
+            running.append(joiners.pop())
+        feed = []
+        for s in running:
+            (feed if s.sample() else []).append(s)
+            if s.done:
+                decoder.release(s)
+        running = feed
+        if feed:
+            tokens, hidden = decoder.step(feed)
+            for b, s in enumerate(feed):
+                s.accept(hidden[b], tokens[b])
+        step += 1
+    assert target.tokens == alone.token_ids
+    assert torch.equal(torch.cat(rows), alone.image_condition)
+    assert static.free_slots == 4
+
+
+def test_static_decoder_refuses_what_it_cannot_hold(setup):
+    tiny_ar, _, _ = setup
+    static = StaticDecoder(tiny_ar.model, slots=1, max_positions=64)
+    start = tiny_ar.config.gen_vocab_start_index
+    draw = ((start, start), SamplingParams(), 0, 0)
+    with pytest.raises(ValueError, match="generation-vocabulary"):
+        static.step([0], [5], [3], [draw])
+    with pytest.raises(ValueError, match="beyond the decode cache"):
+        static.step([0], [start], [63], [draw])
+    with pytest.raises(ValueError, match="one draw per slot"):
+        static.step([0], [start], [3], [])
+    with pytest.raises(ValueError, match="not in use"):
+        static.release(0)
+
+
+def test_engine_with_fast_decode_gives_the_eager_engine_tokens_and_frees_slots(tiny_ar, tiny_root):
+    """Four requests, one cancelled mid-decode: the others' token grids equal the eager engine's, and every slot
+    is free again afterwards."""
+    checkpoint = open_checkpoint(tiny_root)
+    specs = [dict(prompt=f"scene {k}", width=64 + 16 * k, height=64, seed=3 * k) for k in range(4)]
+    results = {}
+    for fast in (False, True):
+        engine = make_engine(tiny_ar, checkpoint, FakeRenderer(), max_batch_size=4, fast_decode=fast)
+        try:
+            jobs = [engine.submit(engine.plan(request_id=f"r{k}", **spec), mode="tokens") for k, spec in enumerate(specs)]
+            victim = engine.submit(engine.plan(request_id="victim", prompt="cancel me", width=256, height=256), mode="tokens")
+            got = [wait_done(job) for job in jobs]
+            victim.cancel()
+            results[fast] = [[e.token_ids for e in events_ if isinstance(e, events.TokenRow)] for events_ in got]
+            assert all(isinstance(events_[-1], events.JobDone) for events_ in got)
+            deadline = time.monotonic() + 30
+            while engine.status().running and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert engine.status().running == 0
+            if fast:
+                assert engine.decoder.static.free_slots == 4
+        finally:
+            engine.close()
+    assert results[True] == results[False]
