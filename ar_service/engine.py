@@ -274,6 +274,12 @@ class AREngine:
                 (static.k.numel() + static.v.numel()) * static.k.element_size() / 2**30,
                 "CUDA graphs" if static.cuda_graphs else "no CUDA graphs", ", compiled" if compile_decode else "",
             )
+            started = time.perf_counter()
+            default = grid_for_size(self.serving.default_width, self.serving.default_height, self.pixels_per_token)
+            typical = len(prompt_ids_for(loaded.tokenizer, "", default)) + min(256, max_prompt_tokens)
+            graphs = static.warm_up(typical + default.decode_tokens)
+            if graphs:
+                log.info("fast decode: %d CUDA graphs captured in %.1f s", graphs, time.perf_counter() - started)
             decoder = SlotDecoder(static)
         self.decoder = decoder or EagerDecoder(loaded.model, max_batch_size)
         self._lock = threading.RLock()  # re-entered when a cancel inside the worker wakes the worker

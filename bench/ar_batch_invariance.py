@@ -1,12 +1,14 @@
-"""AR decode batch invariance, and what the fixed-shape padding costs, on any device.
+"""AR decode: speed and batch invariance of each decoder, on any device.
 
-    python -m bench.ar_batch_invariance [--preview] [--device cuda] [--dtype bfloat16] [--max-batch 8] [--size 256]
+    python -m bench.ar_batch_invariance [--preview] [--device cuda] [--size 512] [--max-batch 8] [--out FILE]
 
-Runs one image alone and then among ``max_batch - 1`` other streams (other prompts, seeds and sizes, joining
-at different steps) through the engine's batched decode (``generation.decode_step``), once padded to
-``max_batch`` rows (ardit's way) and once unpadded, and reports whether tokens and hidden states are equal to
-the bit, plus the decode step time of one stream unpadded, one stream padded, and a full padded batch.
-Prints one JSON object. ``--preview`` uses the Preview-shaped AR with random weights (a GPU is advised).
+Decoders: ``eager`` (each stream its own cache, padded batch: the CPU path), ``fast`` (fixed slots, in-place
+K/V, CUDA graphs per length bucket), ``fast+compile`` (the same with torch.compile'd layer bodies, the CUDA
+default) and ``fast+deterministic`` (compiled, every step over the whole cache: the deterministic mode). For
+each: ms per token decoding one ``--size`` grid alone (CPU sampling included: what a request sees), the step
+time of a full batch, and whether one image's tokens and hidden states alone equal those among
+``max_batch - 1`` other streams joining late at other sizes (bit for bit). ``--preview`` uses the
+Preview-shaped AR with random weights (a GPU is advised). Prints one JSON object (and writes it to --out).
 """
 
 from __future__ import annotations
@@ -19,8 +21,16 @@ from pathlib import Path
 
 import torch
 
-from ar_service.generation import DecodeStream, build_prefix_cache, decode_step, prompt_ids_for, system_prefix_ids
+from ar_service.generation import (
+    DecodeStream,
+    EagerDecoder,
+    SlotDecoder,
+    build_prefix_cache,
+    prompt_ids_for,
+    system_prefix_ids,
+)
 from ar_service.model.loading import load_ar
+from ar_service.model.static_decode import StaticDecoder
 from ar_service.model.tiny import write_ar_only_root
 from ar_service.prompt import grid_for_size
 from ar_service.sampling import SamplingParams
@@ -32,103 +42,142 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--max-batch", type=int, default=8)
-    parser.add_argument("--size", type=int, default=256)
-    parser.add_argument("--timing-steps", type=int, default=64)
-    parser.add_argument(
-        "--deterministic", action="store_true",
-        help="torch.use_deterministic_algorithms(True) (set CUBLAS_WORKSPACE_CONFIG=:4096:8 in the environment on CUDA)",
-    )
+    parser.add_argument("--size", type=int, default=512)
+    parser.add_argument("--decoders", default="eager,fast,fast+compile,fast+deterministic")
+    parser.add_argument("--eager-tokens", type=int, default=200, help="tokens timed for the eager decoder (slow)")
+    parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    if args.deterministic:
-        torch.use_deterministic_algorithms(True)
-    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if args.device.startswith("cuda") else torch.float32)
+    cuda = args.device.startswith("cuda")
+    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if cuda else torch.float32)
     root = write_ar_only_root(Path(tempfile.mkdtemp()) / "ar", preview=args.preview, weights=not args.preview)
     loaded = load_ar(root, device=args.device, dtype=dtype, random_weights=args.preview)
     model, t2i, tok = loaded.model, loaded.t2i, loaded.tokenizer
     sampling = SamplingParams(t2i.temperature, t2i.top_k, t2i.top_p)
     prefix = build_prefix_cache(model, system_prefix_ids(tok))
     p = args.max_batch
+    big = grid_for_size(args.size, args.size, 16)
+    max_positions = len(prompt_ids_for(tok, "x" * 64, big)) + 64 + big.decode_tokens + 1
 
-    def stream(prompt, w, h, seed, rows=None):
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    def make(name: str):
+        if name == "eager":
+            return EagerDecoder(model, p)
+        static = StaticDecoder(
+            model, p, max_positions, compile="compile" in name or "deterministic" in name,
+            full_length="deterministic" in name,
+        )
+        return SlotDecoder(static)
+
+    def stream(decoder, prompt, w, h, seed, rows=None):
         grid = grid_for_size(w, h, 16)
         cb = None if rows is None else (lambda r, hid, t: rows.append(hid))
-        return DecodeStream(model, prompt_ids_for(tok, prompt, grid), grid, t2i, sampling, seed, cb, prefix=prefix)
+        s = DecodeStream(model, prompt_ids_for(tok, prompt, grid), grid, t2i, sampling, seed, cb, prefix=prefix,
+                         reserve=decoder.reserve)
+        decoder.admit(s)
+        return s
 
-    def alone(pad: int):
-        rows: list[torch.Tensor] = []
-        s = stream("a lighthouse at dusk", args.size, args.size, 5, rows)
-        running = [s]
-        while running:
-            running = [x for x in running if x.sample()]
-            if running:
-                lo, hi = decode_step(model, running, pad)
-                s.accept(lo[0:1], hi[0])
-        return s.tokens, torch.cat(rows).float().cpu()
-
-    def batched(pad: int):
-        rows: list[torch.Tensor] = []
-        target = stream("a lighthouse at dusk", args.size, args.size, 5, rows)
-        joiners = [stream(f"other scene {k}", args.size // 2 + 16 * k, args.size // 2, 100 + k) for k in range(p - 1)]
-        running, step = [target], 0
-        while running:
-            if step % 5 == 0 and joiners:
+    def run(decoder, streams, joiners=(), limit=None, keep=False):
+        """Decodes until every stream is done (or ``limit`` steps; ``keep``: the unfinished keep their slots);
+        returns (steps, seconds)."""
+        running, joiners, steps = list(streams), list(joiners), 0
+        sync()
+        start = time.perf_counter()
+        while running and (limit is None or steps < limit):
+            if steps % 5 == 0 and joiners:
                 running.append(joiners.pop())
-            running = [x for x in running if x.sample()]
-            if running:
-                lo, hi = decode_step(model, running, pad)
-                for b, x in enumerate(running):
-                    x.accept(lo[b : b + 1], hi[b])
-            step += 1
+            feed = []
+            for s in running:
+                if s.sample():
+                    feed.append(s)
+                else:
+                    decoder.release(s)
+            running = feed
+            if feed:
+                tokens, hidden = decoder.step(feed)
+                for b, s in enumerate(feed):
+                    s.accept(hidden[b], tokens[b])
+            steps += 1
+        sync()
+        for s in [] if keep else running:
+            decoder.release(s)
+        return steps, time.perf_counter() - start
+
+    def alone(decoder, limit=None):
+        rows: list[torch.Tensor] = []
+        s = stream(decoder, "a lighthouse at dusk", args.size, args.size, 5, rows)
+        steps, seconds = run(decoder, [s], limit=limit)
+        return s.tokens, torch.cat(rows).float().cpu() if rows else None, seconds * 1e3 / steps
+
+    def batched(decoder):
+        rows: list[torch.Tensor] = []
+        target = stream(decoder, "a lighthouse at dusk", args.size, args.size, 5, rows)
+        joiners = [stream(decoder, f"other scene {k}", args.size // 2 + 16 * k, args.size // 2, 100 + k)
+                   for k in range(p - 1)]
+        run(decoder, [target], joiners)
         return target.tokens, torch.cat(rows).float().cpu()
+
+    def full_batch_step_ms(decoder, steps=200):
+        streams = [stream(decoder, f"timing {k}", args.size, args.size, k) for k in range(p)]
+        run(decoder, streams, limit=8, keep=True)  # warm-up: graphs of the first bucket
+        streams = [s for s in streams if not s.done]
+        count, seconds = run(decoder, streams, limit=steps)
+        return seconds * 1e3 / count
 
     def compare(a, b) -> dict:
         (ta, ha), (tb, hb) = a, b
-        first_token = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), None)
-        differs = (ha != hb).any(dim=-1).nonzero()
+        n = min(len(ha), len(hb))
         return {
             "tokens_equal": ta == tb,
+            "first_token_differing": next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), None),
             "hidden_bit_equal": bool(torch.equal(ha, hb)),
-            "first_token_differing": first_token,
-            "first_hidden_position_differing": None if not len(differs) else int(differs[0, 0]),
-            "hidden_max_abs_diff": float((ha - hb).abs().max()),
+            "hidden_max_abs_diff": float((ha[:n] - hb[:n]).abs().max()) if n else None,
         }
 
-    def sync():
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
-
-    def step_ms(batch: int, pad: int) -> float:
-        streams = [stream(f"timing {k}", args.size, args.size, k) for k in range(batch)]
-        for s in streams:
-            s.sample()
-        for _ in range(3):
-            decode_step(model, streams, pad)
-        sync()
-        start = time.perf_counter()
-        for _ in range(args.timing_steps):
-            decode_step(model, streams, pad)  # same position re-fed: the cost of a step, not a valid decode
-            for s in streams:
-                s.cache.length -= 1
-        sync()
-        return (time.perf_counter() - start) * 1e3 / args.timing_steps
-
     result = {
-        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
         "model": "preview (random)" if args.preview else "tiny",
-        "dtype": str(dtype),
-        "torch": torch.__version__,
-        "max_batch": p,
-        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        "alone_twice": compare(first := alone(p), alone(p)),
-        "padded": compare(first, batched(p)),
-        "unpadded": compare(alone(1), batched(0)),
-        "step_ms": {
-            "1_stream_unpadded": step_ms(1, 1),
-            f"1_stream_padded_to_{p}": step_ms(1, p),
-            f"{p}_streams": step_ms(p, p),
-        },
+        "dtype": str(dtype), "torch": torch.__version__, "max_batch": p, "size": args.size,
+        "grid_tokens": big.decode_tokens, "decoders": {},
     }
-    print(json.dumps(result, indent=1))
+    reference = None
+    for name in args.decoders.split(","):
+        decoder = make(name)
+        started = time.perf_counter()
+        alone(decoder, limit=8)  # warm-up (compilation, first graphs)
+        warm_s = time.perf_counter() - started
+        limit = args.eager_tokens if name == "eager" and cuda else None
+        tokens, hidden, ms = alone(decoder, limit)
+        entry = {"warmup_s": round(warm_s, 1), "ms_per_token_alone": round(ms, 3), "tokens_timed": len(tokens)}
+        if limit is None:
+            entry["batch_invariance"] = compare((tokens, hidden), batched(decoder))
+            if reference is None:
+                reference = (tokens, hidden)
+            else:
+                entry["vs_first_decoder"] = compare(reference, (tokens, hidden))
+        entry[f"ms_per_step_{p}_streams"] = round(full_batch_step_ms(decoder), 3)
+        if cuda and name != "eager":  # the GPU time of one step alone (graph replays back to back)
+            static = decoder.static
+            bucket = min(static.max_positions, 768)
+            for rows in sorted({1, p}):
+                static._replay(bucket, rows)
+                sync()
+                started = time.perf_counter()
+                for _ in range(100):
+                    static._replay(bucket, rows)
+                sync()
+                entry[f"graph_replay_ms_{rows}_rows_{bucket}_positions"] = round((time.perf_counter() - started) * 10, 3)
+        if cuda:
+            entry["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        result["decoders"][name] = entry
+        print(name, json.dumps(entry), flush=True)
+        del decoder
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
 
 
 if __name__ == "__main__":

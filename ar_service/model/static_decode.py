@@ -35,11 +35,17 @@ from ar_service.sampling import RowSampling, SamplingParams, sample_rows
 
 log = logging.getLogger(__name__)
 
-#: What free rows draw (a forced single id: the cheapest draw there is).
-_PADDING_DRAW = SamplingParams(1.0, 1, 1.0)
+#: The smallest length bucket (positions a step attends over).
+MIN_BUCKET = 256
 
-#: Positions per length bucket: a step attends over the smallest multiple of this that covers every row.
-BUCKET = 256
+
+def bucket_for(positions: int) -> int:
+    """Attention length for ``positions`` cached positions: a quarter-octave grid (256, 320, 384, 448, 512, 640,
+    ...), so a step reads at most ~25% masked positions and a 16k-position cache needs ~28 graphs per row count."""
+    if positions <= MIN_BUCKET:
+        return MIN_BUCKET
+    quantum = max(MIN_BUCKET // 4, 1 << (positions.bit_length() - 3))
+    return quantum * math.ceil(positions / quantum)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -54,21 +60,46 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-def _pre_attention(x, norm_w, eps: float, qw, qb, kw, kb, vw, vb, cos, sin, heads: int, kv_heads: int):
-    """RMSNorm, q/k/v projections, RoPE: [P, H] -> q [P, heads, D], k and v [P, kv_heads, D]."""
+def _pre_attention(x, norm_w, eps: float, qkv_w, qkv_b, cos, sin, heads: int, kv_heads: int):
+    """RMSNorm, the fused q/k/v projection, RoPE: [P, H] -> q [P, heads, D], k and v [P, kv_heads, D]."""
     p = x.shape[0]
-    h = _rms_norm(x, norm_w, eps)
-    q = F.linear(h, qw, qb).view(p, heads, -1)
-    k = F.linear(h, kw, kb).view(p, kv_heads, -1)
-    v = F.linear(h, vw, vb).view(p, kv_heads, -1)
+    qkv = F.linear(_rms_norm(x, norm_w, eps), qkv_w, qkv_b).view(p, heads + 2 * kv_heads, -1)
+    q, k, v = qkv.split((heads, kv_heads, kv_heads), dim=1)
     return _rotate(q, cos, sin), _rotate(k, cos, sin), v
 
 
-def _post_attention(x, attn, ow, norm_w, eps: float, gw, uw, dw):
-    """Output projection and residual, then RMSNorm + SwiGLU MLP and residual."""
+def _attend(q, keys, values, positions, scale: float):
+    """One query per row over its first ``bucket`` cached keys (later ones masked): q [P, heads, D], keys and
+    values [P, kv_heads, bucket, D] -> [P, heads * D]. GQA by viewing q as [P, kv_heads, group, D]."""
+    p, heads, d = q.shape
+    kv_heads, bucket = keys.shape[1], keys.shape[2]
+    visible = torch.arange(bucket, device=q.device)[None] <= positions[:, None]
+    scores = torch.matmul(q.view(p, kv_heads, heads // kv_heads, d), keys.transpose(-1, -2)).float() * scale
+    probs = scores.masked_fill(~visible[:, None, None], float("-inf")).softmax(dim=-1).to(q.dtype)
+    return torch.matmul(probs, values).reshape(p, heads * d)
+
+
+def _post_attention(x, attn, ow, norm_w, eps: float, gate_up_w, dw):
+    """Output projection and residual, then RMSNorm + SwiGLU MLP (fused gate/up projection) and residual."""
     x = x + F.linear(attn, ow)
-    h = _rms_norm(x, norm_w, eps)
-    return x + F.linear(F.silu(F.linear(h, gw)) * F.linear(h, uw), dw)
+    gate, up = F.linear(_rms_norm(x, norm_w, eps), gate_up_w).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, dw)
+
+
+def _fuse(modules: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenates the weights (and biases) of linears that read the same input, and re-points each module's
+    parameters at its rows of the result: one matmul instead of several, no extra memory, eager paths unchanged."""
+    weight = torch.cat([m.weight.detach() for m in modules])
+    has_bias = [m.bias is not None for m in modules]
+    bias = torch.cat([m.bias.detach() for m in modules]) if all(has_bias) else None
+    start = 0
+    for m in modules:
+        n = m.weight.shape[0]
+        m.weight.data = weight[start : start + n]
+        if bias is not None:
+            m.bias.data = bias[start : start + n]
+        start += n
+    return weight, bias
 
 
 class StaticDecoder:
@@ -97,34 +128,47 @@ class StaticDecoder:
         shape = (layers, slots, kv_heads, max_positions, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.ids = torch.full((slots,), config.gen_vocab_start_index, dtype=torch.long, device=device)
-        # Free rows compute at the last position, which no real stream reaches (max_positions is one past the
-        # longest prompt + grid), so their K/V writes never land on a real stream's positions.
-        self.positions = torch.full((slots,), max_positions - 1, dtype=torch.long, device=device)
+        # The step's inputs, uploaded with one copy per dtype: columns of [slots, 7] int64 (id, position, then
+        # sample_rows' lo, hi, top_k, seed, step) and [slots, 2] float32 (temperature, top_p).
+        self._long = torch.zeros(slots, 7, dtype=torch.long, device=device)
+        self._float = torch.ones(slots, 2, dtype=torch.float32, device=device)
+        self.ids, self.positions = self._long[:, 0], self._long[:, 1]
+        self.draws = RowSampling(
+            lo=self._long[:, 2], hi=self._long[:, 3], top_k=self._long[:, 4], seed=self._long[:, 5],
+            step=self._long[:, 6], temperature=self._float[:, 0], top_p=self._float[:, 1],
+        )
         self._rows = torch.arange(slots, device=device)
-        self.draws = RowSampling.empty(slots, device)
         self._free = list(range(slots))
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._pool = None
-        self._layer_weights = [self._weights(layer) for layer in text.layers]
-        self._pre, self._post = _pre_attention, _post_attention
+        with torch.no_grad():
+            self._layer_weights = [self._weights(layer) for layer in text.layers]
+        self._kernels(compile)
+
+    def _kernels(self, compile: bool) -> None:
+        """The per-layer functions: plain, or fused by torch.compile (attention with a dynamic bucket length)."""
+        self.compiled = compile
+        self._pre, self._attend, self._post, self._sample = _pre_attention, _attend, _post_attention, sample_rows
         if compile:
             self._pre = torch.compile(_pre_attention, dynamic=False, fullgraph=True)
+            self._attend = torch.compile(_attend, dynamic=True, fullgraph=True)
             self._post = torch.compile(_post_attention, dynamic=False, fullgraph=True)
+            self._sample = torch.compile(sample_rows, dynamic=False, fullgraph=True)
 
     @staticmethod
     def _weights(layer) -> tuple:
-        """The generation path's weights of one layer: expert copies where the layer has them."""
+        """The generation path's weights of one layer (expert copies where the layer has them), q/k/v and
+        gate/up fused."""
         attn = layer.self_attn
         a = "gen_" if attn.experts else ""
-        proj = [getattr(attn, f"{a}{name}_proj") for name in ("q", "k", "v", "o")]
+        q, k, v, o = (getattr(attn, f"{a}{name}_proj") for name in ("q", "k", "v", "o"))
         mlp = layer.gen_mlp if layer.gen_mlp is not None else layer.mlp
+        qkv_w, qkv_b = _fuse([q, k, v])
+        gate_up_w, _ = _fuse([mlp.gate_proj, mlp.up_proj])
         return (
-            layer.input_layernorm.weight, layer.input_layernorm.eps,
-            proj[0].weight, proj[0].bias, proj[1].weight, proj[1].bias, proj[2].weight, proj[2].bias,
-            proj[3].weight,
-            layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps,
-            mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight,
+            layer.input_layernorm.weight, layer.input_layernorm.eps, qkv_w, qkv_b, o.weight,
+            layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps, gate_up_w,
+            mlp.down_proj.weight,
         )
 
     # -- slots ------------------------------------------------------------------------------------
@@ -172,23 +216,44 @@ class StaticDecoder:
         if max(positions) >= self.max_positions - 1:
             raise ValueError(f"position {max(positions)} is beyond the decode cache ({self.max_positions - 1})")
         rows = self.slots if self.full_length else min(self.slots, 1 << max(slots).bit_length())
-        id_rows = [start] * rows
-        pos_rows = [self.max_positions - 1] * rows
-        draw_rows = [((start, start), _PADDING_DRAW, 0, 0)] * rows
-        for slot, token, position, draw in zip(slots, ids, positions, draws):
-            id_rows[slot], pos_rows[slot], draw_rows[slot] = token, position, draw
-        self.ids[:rows].copy_(torch.tensor(id_rows, dtype=torch.long))
-        self.positions[:rows].copy_(torch.tensor(pos_rows, dtype=torch.long))
-        self.draws.fill(draw_rows)
-        bucket = self.max_positions if self.full_length else min(
-            self.max_positions, BUCKET * math.ceil((max(positions) + 1) / BUCKET)
-        )
+        # Free rows compute at the last position, which no real stream reaches (max_positions is one past the
+        # longest prompt + grid), so their K/V writes never land on a real stream's positions; they draw a
+        # forced id.
+        long_rows = [[start, self.max_positions - 1, start, start, 1, 0, 0]] * rows
+        float_rows = [[1.0, 1.0]] * rows
+        for slot, token, position, ((lo, hi), params, seed, step) in zip(slots, ids, positions, draws):
+            long_rows[slot] = [token, position, lo, hi, params.top_k, seed % 2**63, step]
+            float_rows[slot] = [params.temperature, params.top_p]
+        self._long[:rows].copy_(torch.tensor(long_rows, dtype=torch.long))
+        self._float[:rows].copy_(torch.tensor(float_rows, dtype=torch.float32))
+        bucket = self.max_positions if self.full_length else min(self.max_positions, bucket_for(max(positions) + 1))
         if self.cuda_graphs:
             drawn, hidden = self._replay(bucket, rows)
         else:
             drawn, hidden = self._forward(bucket, rows)
-        index = torch.tensor(slots, device=self.device)
-        return drawn.index_select(0, index).tolist(), hidden.index_select(0, index)
+        tokens = drawn.tolist()  # the one device-to-host wait of a step
+        return [tokens[slot] for slot in slots], hidden[slots]
+
+    def warm_up(self, positions: int) -> int:
+        """Captures, up front, the graphs of every row count and every bucket up to ``positions`` (so that no
+        request pays for a capture or a compilation); returns how many graphs there are."""
+        if not self.cuda_graphs:
+            return 0
+        counts = sorted({min(self.slots, 1 << n) for n in range(self.slots.bit_length() + 1)})
+        if self.full_length:
+            counts, buckets = [self.slots], [self.max_positions]
+        else:
+            buckets, n = [], 1
+            while n <= min(positions, self.max_positions):
+                b = min(self.max_positions, bucket_for(n))
+                if not buckets or b != buckets[-1]:
+                    buckets.append(b)
+                n = b + 1
+        for rows in counts:
+            for bucket in buckets:
+                if (bucket, rows) not in self._graphs:
+                    self._capture(bucket, rows)
+        return len(self._graphs)
 
     def _replay(self, bucket: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         entry = self._graphs.get((bucket, rows))
@@ -201,20 +266,27 @@ class StaticDecoder:
     def _capture(self, bucket: int, rows: int):
         # Warm up on a side stream (compilation, cuBLAS workspaces), then capture. The inputs are saved and put
         # back: the warm-up runs write K/V at the rows' current positions, which the real step rewrites.
-        saved = [t.clone() for t in (self.ids, self.positions)]
+        saved = self._long.clone()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for _ in range(2):
-                self._forward(bucket, rows)
+            try:
+                for _ in range(2):
+                    self._forward(bucket, rows)
+            except Exception:
+                if not self.compiled:
+                    raise
+                log.exception("torch.compile of the decode step failed; decoding with the plain kernels")
+                self._kernels(False)
+                for _ in range(2):
+                    self._forward(bucket, rows)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self._pool):
             drawn, hidden = self._forward(bucket, rows)
-        self.ids.copy_(saved[0])
-        self.positions.copy_(saved[1])
+        self._long.copy_(saved)
         self._graphs[(bucket, rows)] = (graph, drawn, hidden)
         log.info("captured the decode step for %d rows x %d positions (%d graphs)", rows, bucket, len(self._graphs))
         return self._graphs[(bucket, rows)]
@@ -223,32 +295,24 @@ class StaticDecoder:
         """The step over the first ``p`` rows: (drawn ids [p], condition hidden states [p, H])."""
         config, text = self.config, self.text
         heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-        group = heads // kv_heads
         ids, positions, rows = self.ids[:p], self.positions[:p], self._rows[:p]
         x = text.gen_embed_tokens(ids - config.gen_vocab_start_index)
         freqs = positions[:, None].float() * text.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [P, 1, D]
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        visible = torch.arange(bucket, device=self.device)[None] <= positions[:, None]  # [P, bucket]
-        bias = torch.zeros(p, 1, 1, bucket, device=self.device).masked_fill(~visible[:, None, None], float("-inf"))
         scale = 1.0 / math.sqrt(head_dim)
         keep = config.condition_layers
         n = len(text.layers)
         wanted = None if keep is None else {i % (n + 1) for i in keep}
         kept: dict[int, torch.Tensor] = {}
-        for i, weights in enumerate(self._layer_weights):
+        for i, (n1, e1, qkv_w, qkv_b, ow, n2, e2, gate_up_w, dw) in enumerate(self._layer_weights):
             if wanted is not None and i in wanted:
                 kept[i] = x
-            (n1, e1, qw, qb, kw, kb, vw, vb, ow, n2, e2, gw, uw, dw) = weights
-            q, k, v = self._pre(x, n1, e1, qw, qb, kw, kb, vw, vb, cos, sin, heads, kv_heads)
+            q, k, v = self._pre(x, n1, e1, qkv_w, qkv_b, cos, sin, heads, kv_heads)
             self.k[i][rows, :, positions] = k
             self.v[i][rows, :, positions] = v
-            keys = self.k[i, :p, :, :bucket]  # [P, kv, bucket, D]
-            values = self.v[i, :p, :, :bucket]
-            scores = torch.matmul(q.view(p, kv_heads, group, head_dim), keys.transpose(-1, -2)).float() * scale
-            probs = (scores + bias).softmax(dim=-1).to(x.dtype)
-            attn = torch.matmul(probs, values).reshape(p, heads * head_dim)
-            x = self._post(x, attn, ow, n2, e2, gw, uw, dw)
+            attn = self._attend(q, self.k[i, :p, :, :bucket], self.v[i, :p, :, :bucket], positions, scale)
+            x = self._post(x, attn, ow, n2, e2, gate_up_w, dw)
         final = _rms_norm(x, text.norm.weight, text.norm.eps)
         if keep is None:
             hidden = final
@@ -257,4 +321,4 @@ class StaticDecoder:
             hidden = torch.stack([kept[i % (n + 1)] for i in keep], dim=0).mean(dim=0)
         logits = self.model.gen_head(final)
         draws = RowSampling(*(getattr(self.draws, f)[:p] for f in RowSampling.__dataclass_fields__))
-        return sample_rows(logits, config.gen_vocab_start_index, draws), hidden
+        return self._sample(logits, config.gen_vocab_start_index, draws), hidden

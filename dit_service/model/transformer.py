@@ -37,7 +37,8 @@ result as running each sample alone on CPU (packed classifier-free guidance).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +50,57 @@ FREQUENCY_EMBEDDING_SIZE = 256
 MAX_REF_IMAGES = 5  # image_index_embedding rows
 
 
+log = logging.getLogger(__name__)
+
+
+def fused_on_cuda(fn: Callable) -> Callable:
+    """``fn`` (elementwise work between the matmuls) fused into one kernel by torch.compile when its first
+    argument is on CUDA, with dynamic shapes (token counts vary by call); the plain function on the CPU, where
+    the layout is kept bit-exact, or if compilation fails (logged once)."""
+    state: dict = {"compiled": None, "failed": False}
+
+    def call(*args):
+        if args[0].is_cuda and not state["failed"]:
+            if state["compiled"] is None:
+                state["compiled"] = torch.compile(fn, dynamic=True)
+            try:
+                return state["compiled"](*args)
+            except Exception:
+                log.exception("torch.compile of %s failed; running it unfused", fn.__name__)
+                state["failed"] = True
+        return fn(*args)
+
+    call.__name__ = fn.__name__
+    return call
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+_fused_rms_norm = fused_on_cuda(_rms_norm)
+
+
+@fused_on_cuda
+def _modulated_norm(x, weight, eps: float, scale):
+    """RMSNorm(x) * (1 + scale): a modulated block's attention and MLP input."""
+    return _rms_norm(x, weight, eps) * (1 + scale)
+
+
+@fused_on_cuda
+def _gated_residual(x, gate, y, weight, eps: float):
+    """x + tanh(gate) * RMSNorm(y): a modulated block's residual update."""
+    return x + gate.tanh() * _rms_norm(y, weight, eps)
+
+
+@fused_on_cuda
+def _swiglu(gate, up):
+    return F.silu(gate.float()).to(gate.dtype) * up
+
+
 class RMSNorm(nn.Module):
     """Qwen2-style RMSNorm: normalise in float32, cast back, then scale (what the references substitute everywhere)."""
 
@@ -58,10 +110,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        return _fused_rms_norm(x, self.weight, self.eps)
 
 
 def ffn_inner_dim(dim: int, multiple_of: int, ffn_dim_multiplier: float | None) -> int:
@@ -80,8 +129,7 @@ class FeedForward(nn.Module):
         self.linear_3 = nn.Linear(dim, inner, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate = self.linear_1(x)
-        return self.linear_2(F.silu(gate.float()).to(gate.dtype) * self.linear_3(x))
+        return self.linear_2(_swiglu(self.linear_1(x), self.linear_3(x)))
 
 
 MIN_ROWS = 16
@@ -101,6 +149,7 @@ def rope_tables(positions: torch.Tensor, axes_dim: Sequence[int], theta: float =
     return angles.cos().float(), angles.sin().float()
 
 
+@fused_on_cuda
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotates adjacent channel pairs of x [B, S, H, D] by the per-position angles; float32 math, dtype kept."""
     pairs = x.float().unflatten(-1, (-1, 2))
@@ -134,17 +183,21 @@ class Attention(nn.Module):
         v = self.to_v(x).view(b, s, self.kv_heads, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, S, D]
-        if self.kv_heads != self.heads:  # query head h reads kv head h // (heads / kv_heads), as the references
+        gqa = self.kv_heads != self.heads
+        if gqa and not q.is_cuda:  # query head h reads kv head h // (heads / kv_heads), as the references
             k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
             v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
+            gqa = False
         lengths = [s] * b if lengths is None else lengths
         if segments is not None:  # packed samples: each attends over its own segment
             out = torch.cat(
-                [F.scaled_dot_product_attention(q[:, :, a : a + n], k[:, :, a : a + n], v[:, :, a : a + n])
+                [F.scaled_dot_product_attention(
+                    q[:, :, a : a + n], k[:, :, a : a + n], v[:, :, a : a + n], enable_gqa=gqa
+                )
                  for a, n in segments], dim=2,
             )
         elif b == 1 and lengths[0] == s:
-            out = F.scaled_dot_product_attention(q, k, v)
+            out = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
         else:
             # Each sample attends over its own valid rows only (the reference's varlen path), so neither padding
             # nor batch-mates can change a valid row's result, not even by rounding: the call for sample i is the
@@ -153,7 +206,7 @@ class Attention(nn.Module):
             for i, n in enumerate(lengths):
                 if n > 0:
                     out[i : i + 1, :, :n] = F.scaled_dot_product_attention(
-                        q[i : i + 1, :, :n], k[i : i + 1, :, :n], v[i : i + 1, :, :n]
+                        q[i : i + 1, :, :n], k[i : i + 1, :, :n], v[i : i + 1, :, :n], enable_gqa=gqa
                     )
         out = out.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
         return self.to_out[1](self.to_out[0](out))
@@ -174,7 +227,7 @@ class RMSNormZero(nn.Module):
         mod = self.linear(F.silu(temb))
         mod = mod[: x.shape[0], None] if token_sample is None else mod[token_sample][None]
         scale_msa, gate_msa, scale_mlp, gate_mlp = mod.chunk(4, dim=-1)
-        return self.norm(x) * (1 + scale_msa), gate_msa, scale_mlp, gate_mlp
+        return _modulated_norm(x, self.norm.weight, self.norm.eps, scale_msa), gate_msa, scale_mlp, gate_mlp
 
 
 class TransformerBlock(nn.Module):
@@ -192,9 +245,9 @@ class TransformerBlock(nn.Module):
         """``token_sample``/``segments``: x [1, N, D] packs several samples (see Attention and RMSNormZero)."""
         if self.modulation:
             h, gate_msa, scale_mlp, gate_mlp = self.norm1(x, temb, token_sample)
-            x = x + gate_msa.tanh() * self.norm2(self.attn(h, cos, sin, lengths, segments))
-            out = self.feed_forward(self.ffn_norm1(x) * (1 + scale_mlp))
-            return x + gate_mlp.tanh() * self.ffn_norm2(out)
+            x = _gated_residual(x, gate_msa, self.attn(h, cos, sin, lengths, segments), self.norm2.weight, self.norm2.eps)
+            out = self.feed_forward(_modulated_norm(x, self.ffn_norm1.weight, self.ffn_norm1.eps, scale_mlp))
+            return _gated_residual(x, gate_mlp, out, self.ffn_norm2.weight, self.ffn_norm2.eps)
         x = x + self.norm2(self.attn(self.norm1(x), cos, sin, lengths, segments))
         return x + self.ffn_norm2(self.feed_forward(self.ffn_norm1(x)))
 

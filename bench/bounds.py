@@ -1,0 +1,236 @@
+"""Physical bounds of the machine, and what each stage would take at them.
+
+Two measurements, made on the device the services ran on, in the same run as the sweep:
+
+- copy bandwidth: ``dst.copy_(src)`` of a bf16 tensor (>= 1 GiB on a GPU), bytes read + written / time, best of
+  several. A decode token has to stream every weight it touches once, so ``decode_weight_bytes / bandwidth`` is
+  the least time one AR decode token can take at batch 1.
+- matmul rate: a bf16 ``n x n @ n x n`` (8192 on a GPU), 2 n^3 / time, best of several. The DiT's denoise is a
+  stack of large GEMMs plus attention, so its FLOPs over this rate is the least time the denoise can take.
+
+The FLOP and byte counts are analytic, from the checkpoint's own config (the module trees in
+``ar_service/model/modeling.py`` and ``dit_service/model/transformer.py``); nothing here loads a model.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ar_service.model.configuration import ARConfig
+from dit_service.model.sampler import uses_cfg
+from dit_service.model.transformer import ffn_inner_dim
+
+GIB = 1024**3
+
+
+# -- measurements --------------------------------------------------------------------------------------------------
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def copy_bandwidth(device: str | torch.device, nbytes: int = GIB, repeats: int = 10) -> dict:
+    """Device-to-device copy of a bf16 tensor of ``nbytes``; bytes moved = read + written. Best of ``repeats``."""
+    device = torch.device(device)
+    numel = max(1, nbytes // 2)
+    src = torch.empty(numel, dtype=torch.bfloat16, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # first touch, allocator, kernel load
+    _sync(device)
+    best = math.inf
+    for _ in range(repeats):
+        started = time.perf_counter()
+        dst.copy_(src)
+        _sync(device)
+        best = min(best, time.perf_counter() - started)
+    moved = 2 * numel * 2
+    del src, dst
+    return {"bytes": numel * 2, "repeats": repeats, "best_s": best, "gb_per_s": moved / best / 1e9}
+
+
+def matmul_rate(device: str | torch.device, n: int = 8192, repeats: int = 10, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """``n x n @ n x n`` in ``dtype``: 2 n^3 FLOPs per product, best of ``repeats``."""
+    device = torch.device(device)
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(n, n, generator=generator).to(device=device, dtype=dtype)
+    b = torch.randn(n, n, generator=generator).to(device=device, dtype=dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    torch.matmul(a, b, out=out)  # kernel selection, workspace
+    _sync(device)
+    best = math.inf
+    for _ in range(repeats):
+        started = time.perf_counter()
+        torch.matmul(a, b, out=out)
+        _sync(device)
+        best = min(best, time.perf_counter() - started)
+    del a, b, out
+    return {"n": n, "dtype": str(dtype).removeprefix("torch."), "repeats": repeats, "best_s": best,
+            "tflop_per_s": 2 * n**3 / best / 1e12}
+
+
+def measure(device: str | torch.device, copy_bytes: int | None = None, matmul_n: int | None = None,
+            repeats: int = 10) -> dict:
+    """Both measurements; sizes default to 1 GiB / 8192 on a GPU and 256 MiB / 2048 on the CPU."""
+    device = torch.device(device)
+    gpu = device.type == "cuda"
+    copy_bytes = copy_bytes or (GIB if gpu else 256 * 1024**2)
+    matmul_n = matmul_n or (8192 if gpu else 2048)
+    result = {"device": str(device), "copy": copy_bandwidth(device, copy_bytes, repeats),
+              "matmul": matmul_rate(device, matmul_n, repeats)}
+    if gpu:
+        result["device_name"] = torch.cuda.get_device_name(device)
+        torch.cuda.empty_cache()
+    return result
+
+
+# -- AR: bytes per decode token --------------------------------------------------------------------------------------
+
+
+def decode_weight_bytes(config: ARConfig, dtype_bytes: int = 2) -> int:
+    """Weight bytes one text-to-image decode token reads, at batch 1.
+
+    Every decode token is a generation-vocabulary token, so on each layer it goes through the expert copy of the
+    attention projections (q, k, v with biases, o) and of the MLP (gate, up, down) where the layer has one
+    (``moe_type``), the text copy otherwise (same shapes); plus both per-layer RMSNorms, the final norm, and only
+    ``gen_head`` (gen_vocab_size x hidden): text-to-image sampling reads the generation logits alone. The one
+    embedding row looked up per token is left out (hidden_size values, nothing next to the rest).
+    """
+    h, f, n = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
+    attention = (h * q + q) + 2 * (h * kv + kv) + q * h
+    mlp = 3 * h * f
+    norms = 2 * h
+    per_layer = attention + mlp + norms  # expert or text copy: the same shapes, read once either way
+    params = n * per_layer + h + config.gen_vocab_size * h
+    return params * dtype_bytes
+
+
+def ar_bound_ms_per_token(config: ARConfig, gb_per_s: float, dtype_bytes: int = 2) -> float:
+    return decode_weight_bytes(config, dtype_bytes) / (gb_per_s * 1e9) * 1e3
+
+
+# -- DiT: FLOPs of a denoise -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DiTShape:
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    layers: int
+    refiner_layers: int
+    patch_dim: int  # p * p * in_channels
+    out_dim: int  # p * p * out_channels
+    patch: int
+    condition_dim: int  # the AR's hidden size (caption_embedder input)
+    vae_scale: int
+
+    @classmethod
+    def from_root_config(cls, config: dict) -> "DiTShape":
+        from dit_service.model.pipeline import llm_hidden_size
+
+        dit = config["gen_dit_config"]
+        hidden, heads = int(dit["hidden_size"]), int(dit["num_attention_heads"])
+        p, c = int(dit.get("patch_size", 2)), int(dit.get("in_channels", 16))
+        out_c = int(dit.get("out_channels") or c)
+        vae_blocks = len(config["gen_vae_config"]["block_out_channels"])
+        return cls(
+            hidden=hidden, heads=heads, kv_heads=int(dit["num_kv_heads"]), head_dim=hidden // heads,
+            ffn=ffn_inner_dim(hidden, int(dit.get("multiple_of", 256)), dit.get("ffn_dim_multiplier")),
+            layers=int(dit["num_layers"]), refiner_layers=int(dit.get("num_refiner_layers", 2)),
+            patch_dim=p * p * c, out_dim=p * p * out_c, patch=p, condition_dim=llm_hidden_size(config),
+            vae_scale=2 ** (vae_blocks - 1),
+        )
+
+    def latent_tokens(self, width: int, height: int) -> int:
+        """Image patches: (H/8/p) * (W/8/p)."""
+        return (height // self.vae_scale // self.patch) * (width // self.vae_scale // self.patch)
+
+    def block_flops(self, tokens: int, modulated: bool, sample_rows: int = 1) -> tuple[float, float]:
+        """(linear, attention) FLOPs of one transformer block over ``tokens`` rows: its linear layers
+        (2 * params * tokens; the modulation linear runs on ``sample_rows`` rows) and attention (QK^T and AV:
+        4 * L^2 * head_dim * heads)."""
+        d, hd = self.hidden, self.head_dim
+        linear_params = d * self.heads * hd + 2 * d * self.kv_heads * hd + self.heads * hd * d + 3 * d * self.ffn
+        linear = 2.0 * linear_params * tokens + (2.0 * min(d, 1024) * 4 * d * sample_rows if modulated else 0.0)
+        return linear, 4.0 * tokens**2 * hd * self.heads
+
+    def forward_flops_parts(self, condition_tokens: int, image_tokens: int, sample_rows: int = 1) -> tuple[float, float]:
+        """(linear, attention) FLOPs of one transformer evaluation of one sample: condition projection and context
+        refiner (condition rows), x_embedder and noise refiner (image rows), the joint layers and the output
+        projection (both). Norms, RoPE and the Euler update are elementwise and left out. The per-sample linears
+        (timestep embedding, modulation) count ``sample_rows`` rows: 1 is the useful work; the transformer pads
+        them to ``MIN_ROWS`` (16), which a FLOP counter sees."""
+        d = self.hidden
+        joint = condition_tokens + image_tokens
+        linear = 2.0 * (256 * min(d, 1024) + min(d, 1024) ** 2) * sample_rows  # timestep embedding
+        attention = 0.0
+        blocks = [(image_tokens, True, self.refiner_layers), (joint, True, self.layers)]
+        if condition_tokens:
+            linear += 2.0 * self.condition_dim * d * condition_tokens
+            blocks.append((condition_tokens, False, self.refiner_layers))
+        linear += 2.0 * self.patch_dim * d * image_tokens
+        for tokens, modulated, count in blocks:
+            block_linear, block_attention = self.block_flops(tokens, modulated, sample_rows)
+            linear += count * block_linear
+            attention += count * block_attention
+        linear += 2.0 * min(d, 1024) * d * sample_rows + 2.0 * d * self.out_dim * joint  # norm_out
+        return linear, attention
+
+    def forward_flops(self, condition_tokens: int, image_tokens: int) -> float:
+        return sum(self.forward_flops_parts(condition_tokens, image_tokens))
+
+
+def condition_tokens(config: dict, text_positions: int, grid_width: int, grid_height: int) -> int:
+    """Rows the DiT's conditional branch sees: the text condition when ``gen_condition_mode`` has "text", and the
+    image condition when it has "image": ``ar_h * (ar_w + 1)`` rows, or the refiner's ``num_queries`` rows when the
+    checkpoint has a Q-Former refiner (it replaces the image condition before the DiT; dit_service/model/refiner.py).
+    """
+    from dit_service.model.pipeline import DEFAULT_CONDITION_MODE
+
+    mode = config.get("gen_condition_mode") or DEFAULT_CONDITION_MODE
+    rows = text_positions if "text" in mode else 0
+    if "image" in mode:
+        refiner = config.get("gen_image_condition_refiner_config")
+        rows += int(refiner.get("num_queries", 128)) if refiner is not None else grid_height * (grid_width + 1)
+    return rows
+
+
+def denoise_flops(
+    config: dict,
+    width: int,
+    height: int,
+    steps: int,
+    text_positions: int,
+    grid_width: int,
+    grid_height: int,
+    guidance: float,
+    cfg_range: tuple[float, float] = (0.0, 1.0),
+    uncond_positions: int = 0,
+) -> dict:
+    """FLOPs of one image's denoise: per step the conditional branch, plus the unconditional one (its own, shorter
+    sequence: ``uncond_positions`` rows, 0 without a negative prompt) on the steps guidance applies to."""
+    shape = DiTShape.from_root_config(config)
+    image = shape.latent_tokens(width, height)
+    cond = condition_tokens(config, text_positions, grid_width, grid_height)
+    cond_flops = shape.forward_flops(cond, image)
+    uncond_flops = shape.forward_flops(uncond_positions, image)
+    guided = sum(uses_cfg(i, steps, guidance, cfg_range) for i in range(steps))
+    total = steps * cond_flops + guided * uncond_flops
+    return {
+        "image_tokens": image, "condition_tokens": cond, "uncond_tokens": uncond_positions,
+        "transformer_calls": steps + guided, "flops": total,
+        "cond_forward_flops": cond_flops, "uncond_forward_flops": uncond_flops,
+    }
+
+
+def dit_tflop_per_s(flops: float, denoise_ms: float) -> float | None:
+    return flops / (denoise_ms / 1e3) / 1e12 if denoise_ms > 0 else None

@@ -1,0 +1,268 @@
+"""The dashboard of one harness run: ``DASHBOARD.md`` (tables and targets) and ``dashboard.png`` (curves).
+
+``python -m bench.dashboard RAW.json [--out DIR]`` (DIR defaults to the JSON's directory); ``bench.harness`` calls
+it at the end of a run. The PNG needs matplotlib (the ``bench`` extra: ``pip install -e '.[bench]'``); without it
+the markdown is written alone and says so, and the PNG can be made later from the same JSON on another machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+MARKDOWN_NAME = "DASHBOARD.md"
+PNG_NAME = "dashboard.png"
+
+# The targets of the performance work; each row: (label, measured value, threshold text, pass?).
+AR_BOUND_RATIO = 1.3
+DIT_MATMUL_FRACTION = 0.6
+TRANSPORT_OVERHEAD_512 = 0.02
+C1_LATENCY_LIMITS_S = {(1024, 50): 25.0, (512, 20): 6.0}
+C4_SCALING_512 = 3.5
+
+
+def _fmt(value, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(_fmt(cell) for cell in row) + " |" for row in rows]
+    return lines
+
+
+def _run(raw: dict, size: int, steps: int, concurrency: int) -> dict | None:
+    for point in raw.get("points", []):
+        if point["size"] == size and point["steps"] == steps:
+            for run in point["runs"]:
+                if run["concurrency"] == concurrency and run.get("latency_s"):
+                    return run
+    return None
+
+
+def _verdict(value, ok) -> str:
+    if value is None:
+        return "n/a (not measured)"
+    return "pass" if ok else "FAIL"
+
+
+def targets(raw: dict) -> list[list]:
+    """[target, measured, verdict] rows."""
+    rows = []
+    for row in (raw.get("bounds") or {}).get("per_size", []):
+        label = f"{row['size']}/{row['steps']}"
+        ratio = row.get("service_ar_ratio_to_bound")
+        rows.append([f"AR ms/token within {AR_BOUND_RATIO}x of bound ({label}, c1)",
+                     None if ratio is None else f"{ratio:.2f}x ({row['service_ar_ms_per_token']:.3f} vs "
+                                                f"{row['ar_bound_ms_per_token']:.3f} ms)",
+                     _verdict(ratio, ratio is not None and ratio <= AR_BOUND_RATIO)])
+        fraction = row.get("service_dit_fraction_of_matmul")
+        rows.append([f"DiT >= {DIT_MATMUL_FRACTION:.0%} of matmul rate ({label}, c1)",
+                     None if fraction is None else f"{fraction:.1%} ({row['service_dit_tflop_per_s']:.1f} TFLOP/s)",
+                     _verdict(fraction, fraction is not None and fraction >= DIT_MATMUL_FRACTION)])
+    if not (raw.get("bounds") or {}).get("per_size"):
+        rows.append([f"AR ms/token within {AR_BOUND_RATIO}x of bound", None, _verdict(None, False)])
+        rows.append([f"DiT >= {DIT_MATMUL_FRACTION:.0%} of matmul rate", None, _verdict(None, False)])
+    overhead = [r for r in raw.get("transport_overhead", []) if r["size"] == 512]
+    value = overhead[0]["overhead"] if overhead else None
+    rows.append([f"transport overhead <= {TRANSPORT_OVERHEAD_512:.0%} at 512 (c1, via {raw.get('via', 'rest')})",
+                 None if value is None else f"{value:.2%}", _verdict(value, value is not None and value <= TRANSPORT_OVERHEAD_512)])
+    for (size, steps), limit in C1_LATENCY_LIMITS_S.items():
+        run = _run(raw, size, steps, 1)
+        mean = run["latency_s"]["mean"] if run else None
+        rows.append([f"{size}/{steps} steps c1 mean latency <= {limit:g} s",
+                     None if mean is None else f"{mean:.2f} s", _verdict(mean, mean is not None and mean <= limit)])
+    c1, c4 = _run(raw, 512, 20, 1), _run(raw, 512, 20, 4)
+    scaling = None
+    if c1 and c4 and c1.get("throughput_images_per_s") and c4.get("throughput_images_per_s"):
+        scaling = c4["throughput_images_per_s"] / c1["throughput_images_per_s"]
+    rows.append([f"c4 throughput >= {C4_SCALING_512}x c1 at 512/20", None if scaling is None else f"{scaling:.2f}x",
+                 _verdict(scaling, scaling is not None and scaling >= C4_SCALING_512)])
+    return rows
+
+
+def _peaks(peaks: dict | None) -> str:
+    if not peaks:
+        return "not measured (no nvidia-smi)"
+    return ", ".join(f"{name} {_fmt(value)}" for name, value in peaks.items())
+
+
+def markdown(raw: dict, png_note: str, image: str | None = None) -> str:
+    machine = raw.get("machine", {})
+    what = machine.get("gpu") or f"{machine.get('cpus')} CPUs"
+    lines = [
+        f"# Benchmark: {raw.get('model')} on {what}",
+        "",
+        f"- machine: {machine.get('hostname')} ({what}; {machine.get('platform')}; torch {machine.get('torch')})",
+        f"- command: `{raw.get('command')}`",
+        f"- date: {raw.get('date')}",
+        f"- model: {raw.get('model')}, {raw.get('dtype')}, requests via {raw.get('via')}; prompt \"{raw.get('prompt')}\"",
+        f"- services started in {_fmt(raw.get('startup_s'), 1)} s; closed-loop clients, client i starting "
+        "i * (c1 mean latency / c) after client 0",
+        f"- peak GPU memory over the run (MiB, nvidia-smi): {_peaks(raw.get('peak_gpu_mib'))}",
+        f"- plot: {png_note}",
+        "",
+        *([f"![latency and throughput against concurrency]({image})", ""] if image else []),
+        "## Targets",
+        "",
+        *_table(["target", "measured", "verdict"], targets(raw)),
+        "",
+        "## Sweep",
+        "",
+        "Latency is the client's (seconds); throughput = completed images / (last end - first start).",
+        "",
+    ]
+    rows = []
+    for point in raw.get("points", []):
+        for run in point["runs"]:
+            lat = run.get("latency_s") or {}
+            peaks = run.get("peak_gpu_mib") or {}
+            engines = run.get("engines") or {}
+            counts = run.get("engine_counts") or {}
+            rows.append([
+                f"{point['size']}/{point['steps']}", run["concurrency"], f"{run['completed']}/{run['requests']}",
+                lat.get("mean"), lat.get("p50"), lat.get("p95"), lat.get("p99"), run.get("throughput_images_per_s"),
+                (engines.get("ar") or {}).get("largest_batch"), (counts.get("ar") or {}).get("batched_steps_total"),
+                (engines.get("dit") or {}).get("largest_batch"), (counts.get("dit") or {}).get("batched_steps_total"),
+                peaks.get("ar_service"), peaks.get("dit_service"),
+            ])
+    lines += _table(["size/steps", "c", "done", "mean s", "p50 s", "p95 s", "p99 s", "images/s", "AR largest batch",
+                     "AR batched steps", "DiT largest batch", "DiT batched steps", "AR peak MiB", "DiT peak MiB"], rows)
+    lines += ["", "Largest batch: since the services started (GetStatus after the point); batched steps: decode tokens "
+              "(AR) and denoise steps (DiT) run with more than one request in the batch during the point. Peak MiB: "
+              "nvidia-smi, per service process, during the point."]
+    lines += ["", "## Stage breakdown (means per request, ms; the services' own timings)", ""]
+    keys = ["ar_prefill_ms", "ar_decode_ms", "ar_tokens", "ar_ms_per_token", "condition_transfer_ms", "dit_queue_ms",
+            "denoise_ms", "vae_decode_ms", "encode_ms", "gateway_ms", "total_ms", "client_unaccounted_ms"]
+    rows = []
+    for point in raw.get("points", []):
+        for run in point["runs"]:
+            stages = run.get("stages_ms") or {}
+            rows.append([f"{point['size']}/{point['steps']}", run["concurrency"], *(stages.get(k) for k in keys)])
+    for point in (raw.get("inprocess") or {}).get("points", []):
+        stages = point["stages_mean"]
+        rows.append([f"{point['size']}/{point['steps']}", "in-process", *(stages.get(k) for k in keys)])
+    lines += _table(["size/steps", "c", "AR prefill", "AR decode", "AR tokens", "AR ms/token", "cond. transfer",
+                     "DiT queue", "denoise", "VAE decode", "encode", "gateway", "service total", "client unaccounted"],
+                    rows)
+    lines += ["", "In process: condition transfer = the hand-over to the DiT inside one process (device copy, refiner); "
+              "no queue, no gateway. Client unaccounted = client latency - service total - gateway time.", ""]
+    lines += ["## Transport overhead (c1 mean vs the same pipeline in one process)", ""]
+    ip = raw.get("inprocess")
+    if ip:
+        lines += [f"In process: {ip.get('requests_per_point')} request(s) per size on {ip.get('device')}, AR decoder "
+                  f"{ip.get('decoder', 'eager')}, models built in {_fmt(ip.get('load_s'), 1)} s"
+                  + (f", peak GPU memory {ip['peak_gpu_mib']} MiB" if ip.get("peak_gpu_mib") else "") + ".", ""]
+    lines += _table(["size/steps", "via", "service c1 mean s", "in-process mean s", "overhead"],
+                    [[f"{r['size']}/{r['steps']}", r.get("via"), r.get("service_c1_mean_s"), r.get("inprocess_mean_s"),
+                      f"{r['overhead']:.2%}"] for r in raw.get("transport_overhead", [])] or [["-", "-", "-", "-", "-"]])
+    lines += ["", "## Physical bounds", ""]
+    bounds = raw.get("bounds")
+    if bounds and "measured" in bounds:
+        measured = bounds["measured"]
+        copy, matmul = measured["copy"], measured["matmul"]
+        lines += [
+            f"- device: {measured.get('device_name') or measured['device']}",
+            f"- copy bandwidth: {copy['gb_per_s']:.1f} GB/s (read + write of {copy['bytes'] / 2**30:.2f} GiB bf16, "
+            f"best of {copy['repeats']})",
+            f"- matmul rate: {matmul['tflop_per_s']:.1f} TFLOP/s ({matmul['dtype']} {matmul['n']}^3, best of "
+            f"{matmul['repeats']})",
+            f"- AR decode weight bytes per token: {bounds['decode_weight_bytes'] / 1e9:.3f} GB "
+            f"({bounds['dtype_bytes']} bytes per value)",
+            "",
+        ]
+        rows = []
+        for row in bounds["per_size"]:
+            flops = row["dit_flops"]
+            rows.append([
+                f"{row['size']}/{row['steps']}", row["ar_bound_ms_per_token"], row.get("service_ar_ms_per_token"),
+                row.get("service_ar_ratio_to_bound"), row.get("inprocess_ar_ms_per_token"),
+                row.get("inprocess_ar_ratio_to_bound"), flops["flops"] / 1e12,
+                f"{flops['condition_tokens']}+{flops['image_tokens']}", flops["transformer_calls"],
+                row.get("service_dit_tflop_per_s"), row.get("service_dit_fraction_of_matmul"),
+                row.get("inprocess_dit_tflop_per_s"), row.get("inprocess_dit_fraction_of_matmul"),
+            ])
+        lines += _table(["size/steps", "AR bound ms/tok", "service ms/tok", "ratio", "in-proc ms/tok", "ratio",
+                         "denoise TFLOP", "cond+image tokens", "calls", "service TFLOP/s", "of matmul",
+                         "in-proc TFLOP/s", "of matmul"], rows)
+        lines += ["", "AR bound = decode weight bytes / copy bandwidth. DiT FLOPs: linear layers 2 x params x tokens, "
+                  "attention 4 x L^2 x head_dim x heads per layer, conditional branch every step plus the "
+                  "unconditional one (image tokens only) on guided steps.", ""]
+    else:
+        lines += ["Not measured in this run.", ""]
+    return "\n".join(lines) + "\n"
+
+
+def plot(raw: dict, path: Path) -> bool:
+    """Latency (mean and p95) and throughput against concurrency, one line per size; False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for point in raw.get("points", []):
+        runs = [r for r in point["runs"] if r.get("latency_s")]
+        if not runs:
+            continue
+        label = f"{point['size']}px/{point['steps']} steps"
+        c = [r["concurrency"] for r in runs]
+        line = left.plot(c, [r["latency_s"]["mean"] for r in runs], marker="o", label=f"{label} mean")[0]
+        left.plot(c, [r["latency_s"]["p95"] for r in runs], marker="x", linestyle="--", color=line.get_color(),
+                  label=f"{label} p95")
+        right.plot(c, [r["throughput_images_per_s"] for r in runs], marker="o", color=line.get_color(), label=label)
+    levels = sorted({r["concurrency"] for point in raw.get("points", []) for r in point["runs"]})
+    for axis, ylabel in ((left, "latency (s)"), (right, "throughput (images/s)")):
+        axis.set_xlabel("concurrency (closed-loop clients)")
+        axis.set_ylabel(ylabel)
+        axis.set_xscale("log", base=2)
+        axis.set_xticks(levels, [str(c) for c in levels])
+        axis.set_ylim(bottom=0)
+        axis.grid(True, alpha=0.3)
+        axis.legend(fontsize=8)
+    machine = raw.get("machine", {})
+    fig.suptitle(f"{raw.get('model')} on {machine.get('gpu') or machine.get('device')}, via {raw.get('via')} "
+                 f"({raw.get('date')})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def write(raw: dict, out: Path) -> list[Path]:
+    """Writes the PNG (when matplotlib is there) and DASHBOARD.md into ``out``; returns the paths written."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    png = out / PNG_NAME
+    made = plot(raw, png)
+    note = f"[{PNG_NAME}]({PNG_NAME})" if made else (
+        "skipped: matplotlib is not installed here (`pip install -e '.[bench]'`, then "
+        "`python -m bench.dashboard raw.json`)")
+    if not made:
+        print(f"[dashboard] matplotlib missing: {PNG_NAME} skipped", file=sys.stderr)
+    md = out / MARKDOWN_NAME
+    md.write_text(markdown(raw, note, PNG_NAME if made else None))
+    return [md, png] if made else [md]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.dashboard", description=__doc__.splitlines()[0])
+    parser.add_argument("raw", type=Path, help="the raw.json a harness run wrote")
+    parser.add_argument("--out", type=Path, default=None, help="directory (default: the JSON's)")
+    args = parser.parse_args(argv)
+    raw = json.loads(args.raw.read_text())
+    for path in write(raw, args.out or args.raw.parent):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""The harness's pieces without services: byte and FLOP counts against the real module trees, the closed loop's
+arithmetic, and the dashboard's verdicts."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import torch
+
+from ar_service.model.configuration import ar_config_from_dict
+from ar_service.model.loading import build_ar
+from ar_service.model.tiny import preview_llm_config, tiny_llm_config
+from bench import bounds, dashboard, harness
+from bench.harness import Outcome, closed_loop, percentile, summarize
+
+
+def _ar_config(llm_config: dict):
+    return ar_config_from_dict({"model_type": "mammothmoda2", "llm_config": llm_config})
+
+
+def _decode_params_from_modules(config) -> int:
+    """What a generation token touches, read off the built module tree (meta device): the expert copy of a layer's
+    attention / MLP where it exists, else the text copy; the norms; gen_head."""
+    model = build_ar(config)
+    lm = model.model.language_model
+    total = 0
+    count = lambda module: sum(p.numel() for p in module.parameters())  # noqa: E731
+    for layer in lm.layers:
+        attn = layer.self_attn
+        prefix = "gen_" if getattr(attn, "gen_q_proj", None) is not None else ""
+        total += sum(count(getattr(attn, f"{prefix}{name}_proj")) for name in "qkvo")
+        total += count(layer.gen_mlp if layer.gen_mlp is not None else layer.mlp)
+        total += count(layer.input_layernorm) + count(layer.post_attention_layernorm)
+    return total + count(lm.norm) + count(model.gen_head)
+
+
+@pytest.mark.parametrize("llm_config", [tiny_llm_config(), preview_llm_config()], ids=["tiny", "preview"])
+def test_decode_weight_bytes_match_the_module_tree(llm_config):
+    config = _ar_config(llm_config)
+    assert bounds.decode_weight_bytes(config, 2) == 2 * _decode_params_from_modules(config)
+    assert bounds.decode_weight_bytes(config, 4) == 4 * _decode_params_from_modules(config)
+
+
+def test_preview_decode_bytes_leave_out_the_text_head():
+    config = _ar_config(preview_llm_config())
+    weight_bytes = bounds.decode_weight_bytes(config, 2)
+    assert config.vocab_size * config.hidden_size * 2 > 1e9  # lm_head alone would be over 1 GB
+    assert 12e9 < weight_bytes < 14e9
+
+
+def test_dit_linear_flops_match_a_flop_counter(tiny_model):
+    """FlopCounterMode counts the matmuls of a real forward of the tiny DiT; the analytic linear part must agree
+    (counting the rows the per-sample linears are padded to). Attention is analytic only (CPU SDPA is not
+    counted by the counter)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from dit_service.model.pipeline import DiTPipeline
+    from dit_service.model.transformer import MIN_ROWS
+
+    config = json.loads((tiny_model / "config.json").read_text())
+    pipeline = DiTPipeline.from_config(config, "cpu", torch.float32, random_weights=True)
+    shape = bounds.DiTShape.from_root_config(config)
+    for size, condition in ((128, 40), (256, 100), (256, 0)):
+        latents = torch.randn(1, pipeline.latent_channels, size // 8, size // 8)
+        cond = torch.randn(1, condition, shape.condition_dim)
+        with FlopCounterMode(display=False) as counter:
+            pipeline.transformer(latents, torch.tensor([0.3]), cond, [condition])
+        image = shape.latent_tokens(size, size)
+        linear, attention = shape.forward_flops_parts(condition, image, sample_rows=MIN_ROWS)
+        assert counter.get_total_flops() == linear
+        assert shape.forward_flops_parts(condition, image)[0] < linear  # the useful work leaves the padding out
+        assert attention > 0
+
+
+def test_denoise_flops_count_guided_steps_and_the_refiner_rows():
+    from dit_service.model.pipeline import preview_gen_parts
+
+    config = {"model_type": "mammothmoda2", "llm_config": preview_llm_config(), **preview_gen_parts(3584)}
+    guided = bounds.denoise_flops(config, 1024, 1024, 50, 20, 64, 64, guidance=9.0)
+    unguided = bounds.denoise_flops(config, 1024, 1024, 50, 20, 64, 64, guidance=1.0)
+    assert guided["image_tokens"] == 4096
+    assert guided["condition_tokens"] == 20 + 128  # text + the Q-Former's queries (replacing 64 * 65 image rows)
+    assert guided["transformer_calls"] == 100 and unguided["transformer_calls"] == 50
+    assert unguided["flops"] == pytest.approx(50 * guided["cond_forward_flops"])
+    assert guided["uncond_forward_flops"] < guided["cond_forward_flops"]
+    # With no refiner the image condition is the whole grid: ar_h * (ar_w + 1) rows.
+    bare = {**config, "gen_image_condition_refiner_config": None}
+    assert bounds.condition_tokens(bare, 20, 64, 64) == 20 + 64 * 65
+
+
+def test_percentiles_are_ordered_and_interpolated():
+    values = [5.0, 1.0, 3.0, 2.0, 4.0]
+    assert percentile(values, 50) == 3.0
+    assert percentile(values, 0) == 1.0 and percentile(values, 100) == 5.0
+    assert percentile(values, 95) == pytest.approx(4.8)
+    assert percentile([7.0], 99) == 7.0
+
+
+def test_closed_loop_ramps_clients_and_sends_each_request_once():
+    sent, lock = [], threading.Lock()
+
+    def send(size, steps, seed, guidance):
+        start = time.perf_counter()
+        time.sleep(0.05)
+        with lock:
+            sent.append((threading.current_thread().name, seed, start))
+        return Outcome(seed, start, time.perf_counter(), images=1, timings={"ar_decode_ms": 10.0, "ar_tokens": 5})
+
+    outcomes = closed_loop(send, 64, 2, concurrency=3, requests=7, ramp_s=0.02, first_seed=100, guidance=None)
+    assert sorted(o.seed for o in outcomes) == list(range(100, 107))
+    first_start = {}
+    for name, _, start in sent:
+        first_start.setdefault(name, start)
+    starts = [first_start[f"client-{i}"] for i in range(3)]
+    assert starts[1] - starts[0] >= 0.015 and starts[2] - starts[0] >= 0.035
+    summary = summarize(outcomes)
+    assert summary["completed"] == 7 and summary["failed"] == 0
+    assert summary["latency_s"]["p50"] <= summary["latency_s"]["p95"] <= summary["latency_s"]["p99"]
+    assert summary["throughput_images_per_s"] > 0
+    assert summary["stages_ms"]["ar_ms_per_token"] == pytest.approx(2.0)
+
+
+def test_failed_requests_are_counted_not_averaged():
+    ok = Outcome(1, 0.0, 1.0, images=1, timings={"ar_decode_ms": 4.0, "ar_tokens": 2, "total_ms": 900.0})
+    bad = Outcome(2, 0.5, 3.0, error="HTTP 429: busy")
+    summary = summarize([ok, bad])
+    assert summary["completed"] == 1 and summary["failed"] == 1 and summary["errors"] == ["HTTP 429: busy"]
+    assert summary["latency_s"]["mean"] == 1.0
+    assert summary["throughput_images_per_s"] == pytest.approx(1 / 3.0)
+
+
+def _run(c, mean, throughput):
+    return {"concurrency": c, "requests": 4, "completed": 4, "latency_s": {"mean": mean, "p50": mean, "p95": mean,
+            "p99": mean}, "throughput_images_per_s": throughput}
+
+
+def test_dashboard_targets_pass_and_fail():
+    raw = {
+        "via": "rest",
+        "points": [{"size": 512, "steps": 20, "runs": [_run(1, 5.0, 0.2), _run(4, 8.0, 0.6)]},
+                   {"size": 1024, "steps": 50, "runs": [_run(1, 30.0, 1 / 30)]}],
+        "transport_overhead": [{"size": 512, "steps": 20, "overhead": 0.01}],
+        "bounds": {"per_size": [{"size": 512, "steps": 20, "ar_bound_ms_per_token": 3.0,
+                                 "service_ar_ms_per_token": 3.6, "service_ar_ratio_to_bound": 1.2,
+                                 "service_dit_tflop_per_s": 500.0, "service_dit_fraction_of_matmul": 0.5}]},
+    }
+    verdicts = {row[0]: row[2] for row in dashboard.targets(raw)}
+    assert verdicts["AR ms/token within 1.3x of bound (512/20, c1)"] == "pass"
+    assert verdicts["DiT >= 60% of matmul rate (512/20, c1)"] == "FAIL"
+    assert verdicts["transport overhead <= 2% at 512 (c1, via rest)"] == "pass"
+    assert verdicts["1024/50 steps c1 mean latency <= 25 s"] == "FAIL"
+    assert verdicts["512/20 steps c1 mean latency <= 6 s"] == "pass"
+    assert verdicts["c4 throughput >= 3.5x c1 at 512/20"] == "FAIL"  # 3.0x
+    assert "| target | measured | verdict |" in dashboard.markdown(raw, "skipped")
+
+
+def test_point_and_concurrency_parsing():
+    assert harness.parse_points("512:20, 1024:50") == [(512, 20), (1024, 50)]
+    assert harness.parse_ints("1,2,4,8") == [1, 2, 4, 8]
+    args = harness.build_parser().parse_args(["--out", "x", "--sizes", "256:2"])
+    assert args.points == [(256, 2)] and args.concurrency == [1, 2, 4, 8] and args.max_concurrency == {}
+    args = harness.build_parser().parse_args(["--out", "x", "--max-concurrency", "1024=2, 2048=1"])
+    assert args.max_concurrency == {1024: 2, 2048: 1}
+    with pytest.raises(SystemExit):
+        harness.build_parser().parse_args(["--out", "x", "--max-concurrency", "1024"])
