@@ -118,6 +118,9 @@ class StaticDecoder:
         if slots < 1 or max_positions < 2:
             raise ValueError("StaticDecoder needs at least one slot and two positions")
         self.model, self.config = model, config
+        start = config.gen_vocab_start_index
+        # A free row: the first generation id at the scratch position, drawing a forced id (see step()).
+        self._free_row = [start, max_positions - 1, start, start, 1, 0, 0]
         self.slots, self.max_positions, self.full_length = slots, max_positions, full_length
         device, dtype = model.device, model.dtype
         self.device = device
@@ -130,7 +133,7 @@ class StaticDecoder:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         # The step's inputs, uploaded with one copy per dtype: columns of [slots, 7] int64 (id, position, then
         # sample_rows' lo, hi, top_k, seed, step) and [slots, 2] float32 (temperature, top_p).
-        self._long = torch.zeros(slots, 7, dtype=torch.long, device=device)
+        self._long = torch.tensor([self._free_row] * slots, dtype=torch.long, device=device)
         self._float = torch.ones(slots, 2, dtype=torch.float32, device=device)
         self.ids, self.positions = self._long[:, 0], self._long[:, 1]
         self.draws = RowSampling(
@@ -148,12 +151,13 @@ class StaticDecoder:
     def _kernels(self, compile: bool) -> None:
         """The per-layer functions: plain, or fused by torch.compile (attention with a dynamic bucket length)."""
         self.compiled = compile
-        self._pre, self._attend, self._post, self._sample = _pre_attention, _attend, _post_attention, sample_rows
+        self._pre, self._attend, self._post = _pre_attention, _attend, _post_attention
+        # The sampler is not compiled: Inductor (torch 2.11) fails on its int64 scan/argmax reductions
+        # ("NYI TritonSplitDimKernel reductions"); it runs unfused inside the graph.
         if compile:
             self._pre = torch.compile(_pre_attention, dynamic=False, fullgraph=True)
             self._attend = torch.compile(_attend, dynamic=True, fullgraph=True)
             self._post = torch.compile(_post_attention, dynamic=False, fullgraph=True)
-            self._sample = torch.compile(sample_rows, dynamic=False, fullgraph=True)
 
     @staticmethod
     def _weights(layer) -> tuple:
@@ -219,7 +223,7 @@ class StaticDecoder:
         # Free rows compute at the last position, which no real stream reaches (max_positions is one past the
         # longest prompt + grid), so their K/V writes never land on a real stream's positions; they draw a
         # forced id.
-        long_rows = [[start, self.max_positions - 1, start, start, 1, 0, 0]] * rows
+        long_rows = [self._free_row] * rows
         float_rows = [[1.0, 1.0]] * rows
         for slot, token, position, ((lo, hi), params, seed, step) in zip(slots, ids, positions, draws):
             long_rows[slot] = [token, position, lo, hi, params.top_k, seed % 2**63, step]
@@ -321,4 +325,4 @@ class StaticDecoder:
             hidden = torch.stack([kept[i % (n + 1)] for i in keep], dim=0).mean(dim=0)
         logits = self.model.gen_head(final)
         draws = RowSampling(*(getattr(self.draws, f)[:p] for f in RowSampling.__dataclass_fields__))
-        return self._sample(logits, config.gen_vocab_start_index, draws), hidden
+        return sample_rows(logits, config.gen_vocab_start_index, draws), hidden

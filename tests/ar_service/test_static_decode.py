@@ -134,3 +134,14 @@ def test_engine_with_fast_decode_gives_the_eager_engine_tokens_and_frees_slots(t
         finally:
             engine.close()
     assert results[True] == results[False]
+
+
+def test_a_fresh_decoder_steps_its_free_rows_safely(setup):
+    """Graphs are captured at start-up before any stream holds a slot: the free rows' inputs must be valid ids
+    at the scratch position, drawing a forced id."""
+    tiny_ar, _, _ = setup
+    static = StaticDecoder(tiny_ar.model, slots=2, max_positions=300)
+    drawn, hidden = static._forward(256, 2)
+    assert drawn.tolist() == [tiny_ar.config.gen_vocab_start_index] * 2
+    assert torch.isfinite(hidden).all()
+    assert static.warm_up(300) == 0  # no CUDA graphs on the CPU
