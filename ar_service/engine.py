@@ -185,8 +185,7 @@ class QueueFull(RequestRejected):
     """The waiting queue is full: RESOURCE_EXHAUSTED, with a hint of when to retry."""
 
     def __init__(self, message: str, retry_after_s: int):
-        super().__init__(message, code=grpc.StatusCode.RESOURCE_EXHAUSTED)
-        self.retry_after_s = retry_after_s
+        super().__init__(message, code=grpc.StatusCode.RESOURCE_EXHAUSTED, retry_after_s=retry_after_s)
 
 
 @dataclass

@@ -19,7 +19,7 @@ from ar_service import events
 from protos import channels, common_pb2, dit_pb2, dit_pb2_grpc
 from protos.formats import format_enum, format_name
 from protos.codec import encode_tensor, iter_row_chunks
-from protos.status import RequestRejected, effective_code, param_of
+from protos.status import RequestRejected, effective_code, param_of, retry_after_of
 from protos.values import knobs_to_proto
 from servicekit.tls import ClientTLS, open_channel
 
@@ -106,7 +106,8 @@ class RenderSession:
                 message = f"dit_service is unavailable: {exc.details()}"
             else:
                 message = f"dit_service: {exc.details()}"
-            self._on_event(events.RenderFailed(self.index, RequestRejected(message, param_of(exc), code)))
+            rejected = RequestRejected(message, param_of(exc), code, retry_after_of(exc))
+            self._on_event(events.RenderFailed(self.index, rejected))
 
     def _convert(self, event: dit_pb2.RenderEvent) -> object | None:
         kind = event.WhichOneof("event")

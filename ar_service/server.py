@@ -148,8 +148,7 @@ class ImageGeneratorServicer(ar_pb2_grpc.ImageGeneratorServicer):
             job = engine.submit(plan, mode=mode, timeout=context.time_remaining())
         except QueueFull as exc:
             log.warning("request %s refused: %s", plan.request_id, exc.message)
-            context.set_trailing_metadata((("retry-after", str(exc.retry_after_s)),))
-            context.abort(exc.code, exc.message)
+            abort_rejected(context, exc)
         except RequestRejected as exc:
             abort_rejected(context, exc)
         context.add_callback(job.cancel)

@@ -25,8 +25,8 @@ What one run does, in order:
    the point, and the peak GPU memory of each service process during the point (nvidia-smi; absent on a CPU).
 3. Stops the services (freeing the device) and runs the same pipeline in this process at concurrency 1
    (``bench.inprocess``): the transport overhead per size is (c1 mean latency - in-process mean) / c1 mean.
-4. Measures the device's copy bandwidth and bf16 matmul rate (``bench.bounds``) and sets the AR's ms per
-   decode token and the DiT's TFLOP/s against them.
+4. Sets the AR's ms per decode token and the DiT's TFLOP/s against the device's copy bandwidth and bf16 matmul
+   rate (``bench.bounds``), measured first, on the idle device, before the services start.
 5. Writes ``OUT/raw.json`` and the dashboard (``bench.dashboard``: ``DASHBOARD.md`` and ``dashboard.png``); the
    services' logs go to ``OUT/raw/``.
 
@@ -418,6 +418,11 @@ def main(argv: list[str] | None = None) -> int:
         "points": [],
     }
     raw_path = args.out / RAW_NAME
+    measured = None
+    if not args.no_bounds:  # first, on an idle device, and so that a run cut short still has them
+        print("[harness] bounds", flush=True)
+        measured = bounds.measure(args.device, copy_bytes=args.bounds_copy_mib * 1024**2 or None,
+                                  matmul_n=args.bounds_matmul_n or None, repeats=args.bounds_repeats)
     model_dir = make_model_dir(args.workdir, args.tiny)
     stack = ServiceStack(
         model_dir, args.out / LOGS_DIR, device=args.device, random_weights=not args.tiny, request_timeout_s=args.timeout_s,
@@ -433,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
         stack.stop()
         peaks = watch.stop()
         raw["peak_gpu_mib"] = {name: peaks.get(pid) for name, pid in stack.pids.items()} if watch.available else None
+        if measured is not None:
+            raw["bounds"] = bounds_report(raw, model_dir, measured)
         raw_path.write_text(json.dumps(raw, indent=2) + "\n")  # whatever was measured survives a failure below
 
     if args.inprocess_requests > 0:
@@ -441,12 +448,8 @@ def main(argv: list[str] | None = None) -> int:
                                          warmup=min(1, args.warmup), device=args.device, random_weights=not args.tiny,
                                          guidance=args.guidance, decoder=args.inprocess_decoder)
         raw["transport_overhead"] = transport_overhead(raw)
-        raw_path.write_text(json.dumps(raw, indent=2) + "\n")
-    if not args.no_bounds:
-        print("[harness] bounds", flush=True)
-        measured = bounds.measure(args.device, copy_bytes=args.bounds_copy_mib * 1024**2 or None,
-                                  matmul_n=args.bounds_matmul_n or None, repeats=args.bounds_repeats)
-        raw["bounds"] = bounds_report(raw, model_dir, measured)
+        if measured is not None:
+            raw["bounds"] = bounds_report(raw, model_dir, measured)  # now with the in-process ratios too
     raw_path.write_text(json.dumps(raw, indent=2) + "\n")
 
     from bench import dashboard

@@ -33,8 +33,6 @@ KIND_NAMES = {
     dit_pb2.CONDITION_KIND_IMAGE: "image",
     dit_pb2.CONDITION_KIND_NEGATIVE: "negative",
 }
-#: Trailing metadata of a RESOURCE_EXHAUSTED answer: seconds after which a retry may succeed (the gateway's Retry-After).
-RETRY_AFTER_METADATA_KEY = "retry-after"
 TIMING_FIELDS = {f.name for f in common_pb2.StageTimings.DESCRIPTOR.fields}
 
 
@@ -102,8 +100,7 @@ class RendererServicer(dit_pb2_grpc.RendererServicer):
         try:
             self.engine.admit()  # a full queue refuses at once, before any condition is streamed
         except QueueFull as exc:
-            context.set_trailing_metadata(((RETRY_AFTER_METADATA_KEY, str(exc.retry_after_s)),))
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), retry_after_s=exc.retry_after_s)
         job = None
         try:
             job = self._receive_condition(plan, request_iterator, context)

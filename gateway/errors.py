@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from protos.status import effective_code, http_status, param_of
+from protos.status import effective_code, http_status, param_of, retry_after_of
 
 log = logging.getLogger("gateway")
 
@@ -138,11 +138,7 @@ def from_rpc_error(error: grpc.aio.AioRpcError | grpc.RpcError, ar_address: str 
         message = f"the request did not finish in time: {details}"
     elif code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         message = details
-        retry_after = DEFAULT_RETRY_AFTER_S
-        for key, value in (error.trailing_metadata() or ()):
-            if key == "retry-after":
-                retry_after = str(value)
-        headers = {"Retry-After": retry_after}
+        headers = {"Retry-After": str(retry_after_of(error) or DEFAULT_RETRY_AFTER_S)}
     elif status >= 500:
         message = f"{code.name.lower()}: {details}"
     else:

@@ -13,6 +13,8 @@ from urllib.parse import quote, unquote
 import grpc
 
 PARAM_METADATA_KEY = "ardit-error-param"
+#: Trailing metadata of a RESOURCE_EXHAUSTED answer: seconds after which a retry may succeed (HTTP Retry-After).
+RETRY_AFTER_METADATA_KEY = "retry-after"
 
 HTTP_STATUS = {
     grpc.StatusCode.OK: 200,
@@ -38,25 +40,55 @@ HTTP_STATUS = {
 class RequestRejected(Exception):
     """Raised by engine code for a request it cannot serve; transports turn it into a status."""
 
-    def __init__(self, message: str, param: str | None = None, code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT):
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT,
+        retry_after_s: int | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code
+        self.retry_after_s = retry_after_s  # a busy service's hint, passed on to whoever called
 
 
-def abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str, param: str | None = None) -> NoReturn:
-    """Ends an RPC with ``code``, naming the parameter at fault when there is one."""
+def abort(
+    context: grpc.ServicerContext,
+    code: grpc.StatusCode,
+    message: str,
+    param: str | None = None,
+    retry_after_s: int | None = None,
+) -> NoReturn:
+    """Ends an RPC with ``code``, naming the parameter at fault and when to retry, when there are such."""
+    trailers = []
     if param:
         # Metadata values must be printable ASCII; a parameter is whatever name the caller sent
         # (an unknown knob may be any string), so it travels percent-encoded.
-        context.set_trailing_metadata(((PARAM_METADATA_KEY, quote(param, safe="")),))
+        trailers.append((PARAM_METADATA_KEY, quote(param, safe="")))
+    if retry_after_s is not None:
+        trailers.append((RETRY_AFTER_METADATA_KEY, str(int(retry_after_s))))
+    if trailers:
+        context.set_trailing_metadata(tuple(trailers))
     context.abort(code, message)
     raise AssertionError("unreachable")  # context.abort raises
 
 
 def abort_rejected(context: grpc.ServicerContext, error: RequestRejected) -> NoReturn:
-    abort(context, error.code, error.message, error.param)
+    abort(context, error.code, error.message, error.param, error.retry_after_s)
+
+
+def retry_after_of(error: grpc.RpcError) -> int | None:
+    """The retry hint a downstream service sent with its refusal, if any (whole seconds, >= 1)."""
+    trailers = getattr(error, "trailing_metadata", lambda: None)() or ()
+    for key, value in trailers:
+        if key == RETRY_AFTER_METADATA_KEY:
+            try:
+                return max(1, int(value if isinstance(value, str) else value.decode("ascii", "replace")))
+            except ValueError:
+                return None
+    return None
 
 
 def param_of(error: grpc.RpcError) -> str | None:
