@@ -233,6 +233,7 @@ class AREngine:
         decoder: EagerDecoder | SlotDecoder | None = None,
         fast_decode: bool = False,
         compile_decode: bool = False,
+        compile_decode_mode: str = "default",
         deterministic: bool = False,
         profiler: BusyProfiler | None = None,
     ):
@@ -266,7 +267,8 @@ class AREngine:
         # whole cache so that no shape depends on the batch-mates (batch-invariant to the bit).
         if decoder is None and fast_decode:
             static = StaticDecoder(
-                loaded.model, max_batch_size, self.max_positions(), compile=compile_decode, full_length=deterministic
+                loaded.model, max_batch_size, self.max_positions(), compile=compile_decode, full_length=deterministic,
+                compile_mode=compile_decode_mode,
             )
             log.info(
                 "fast decode: %d slots x %d positions (%.2f GiB of K/V), %s%s", max_batch_size, static.max_positions,

@@ -55,6 +55,11 @@ class ARSettings(ServiceSettings):
     compile_decode: bool = Field(
         True, description="with fast_decode on CUDA: fuse each layer's elementwise work with torch.compile (slower start)"
     )
+    compile_decode_mode: Literal["default", "max-autotune-no-cudagraphs"] = Field(
+        "default",
+        description="torch.compile mode of compile_decode; max-autotune-no-cudagraphs also times Inductor's own "
+        "matmul kernels against cuBLAS per shape (minutes more at start)",
+    )
     prefix_cache: bool = Field(True, description="prefill the shared system-prompt prefix once and reuse its K/V")
     metrics_port: int = Field(
         0, ge=0, le=65535,

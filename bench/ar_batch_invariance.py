@@ -4,7 +4,8 @@
 
 Decoders: ``eager`` (each stream its own cache, padded batch: the CPU path), ``fast`` (fixed slots, in-place
 K/V, CUDA graphs per length bucket), ``fast+compile`` (the same with torch.compile'd layer bodies, the CUDA
-default) and ``fast+deterministic`` (compiled, every step over the whole cache: the deterministic mode). For
+default), ``fast+autotune`` (compiled with max-autotune-no-cudagraphs: Inductor times its own matmul kernels)
+and ``fast+deterministic`` (compiled, every step over the whole cache: the deterministic mode). For
 each: ms per token decoding one ``--size`` grid alone (CPU sampling included: what a request sees), the step
 time of a full batch, and whether one image's tokens and hidden states alone equal those among
 ``max_batch - 1`` other streams joining late at other sizes (bit for bit). ``--preview`` uses the
@@ -66,7 +67,8 @@ def main() -> None:
         if name == "eager":
             return EagerDecoder(model, p)
         static = StaticDecoder(
-            model, p, max_positions, compile="compile" in name or "deterministic" in name,
+            model, p, max_positions, compile="compile" in name or "deterministic" in name or "autotune" in name,
+            compile_mode="max-autotune-no-cudagraphs" if "autotune" in name else "default",
             full_length="deterministic" in name,
         )
         return SlotDecoder(static)

@@ -24,6 +24,7 @@ whole cache: no shape depends on the batch-mates and a stream's result is batch-
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 
@@ -113,7 +114,10 @@ class StaticDecoder:
         cuda_graphs: bool = True,
         compile: bool = False,
         full_length: bool = False,
+        compile_mode: str = "default",
     ) -> None:
+        """``compile_mode``: torch.compile's mode for the layer bodies, e.g. "max-autotune-no-cudagraphs" (Inductor
+        then times its own matmul kernels against cuBLAS for each shape: slower start)."""
         config = model.config
         if slots < 1 or max_positions < 2:
             raise ValueError("StaticDecoder needs at least one slot and two positions")
@@ -146,6 +150,7 @@ class StaticDecoder:
         self._pool = None
         with torch.no_grad():
             self._layer_weights = [self._weights(layer) for layer in text.layers]
+        self.compile_mode = compile_mode
         self._kernels(compile)
 
     def _kernels(self, compile: bool) -> None:
@@ -155,9 +160,10 @@ class StaticDecoder:
         # The sampler is not compiled: Inductor (torch 2.11) fails on its int64 scan/argmax reductions
         # ("NYI TritonSplitDimKernel reductions"); it runs unfused inside the graph.
         if compile:
-            self._pre = torch.compile(_pre_attention, dynamic=False, fullgraph=True)
+            mode = self.compile_mode
+            self._pre = torch.compile(_pre_attention, dynamic=False, fullgraph=True, mode=mode)
             self._attend = torch.compile(_attend, dynamic=True, fullgraph=True)
-            self._post = torch.compile(_post_attention, dynamic=False, fullgraph=True)
+            self._post = torch.compile(_post_attention, dynamic=False, fullgraph=True, mode=mode)
 
     @staticmethod
     def _weights(layer) -> tuple:
@@ -243,6 +249,16 @@ class StaticDecoder:
         request pays for a capture or a compilation); returns how many graphs there are."""
         if not self.cuda_graphs:
             return 0
+        # torch.cuda.graph may collect garbage before each capture (torch.compiler.config.force_cudagraph_gc, the
+        # default in some versions): with the objects alive now frozen out of the collector's reach, such a
+        # collection only walks what was created since.
+        gc.freeze()
+        try:
+            return self._capture_all(positions)
+        finally:
+            gc.unfreeze()
+
+    def _capture_all(self, positions: int) -> int:
         counts = sorted({min(self.slots, 1 << n) for n in range(self.slots.bit_length() + 1)})
         if self.full_length:
             counts, buckets = [self.slots], [self.max_positions]
