@@ -253,13 +253,47 @@ def write(raw: dict, out: Path) -> list[Path]:
     return [md, png] if made else [md]
 
 
+def merge(runs: list[dict]) -> dict:
+    """One raw report from several harness runs on one machine (e.g. one per size, each within a time limit):
+    their points, in-process points, transport rows and bound rows side by side; the physical bounds measured
+    by the first run that has them; every command and date listed."""
+    if len(runs) == 1:
+        return runs[0]
+    machines = {json.dumps(run.get("machine"), sort_keys=True) for run in runs}
+    if len(machines) > 1:
+        raise ValueError("these reports come from different machines; merge runs of one machine only")
+    merged = dict(runs[0])
+    merged["command"] = " ; ".join(str(run.get("command")) for run in runs)
+    merged["date"] = " ; ".join(str(run.get("date")) for run in runs)
+    merged["points"] = [point for run in runs for point in run.get("points", [])]
+    merged["transport_overhead"] = [row for run in runs for row in run.get("transport_overhead", [])]
+    inprocess = [run["inprocess"] for run in runs if run.get("inprocess")]
+    if inprocess:
+        merged["inprocess"] = {**inprocess[0], "points": [p for ip in inprocess for p in ip.get("points", [])]}
+    with_bounds = [run["bounds"] for run in runs if run.get("bounds")]
+    if with_bounds:
+        merged["bounds"] = {**with_bounds[0], "per_size": [row for b in with_bounds for row in b.get("per_size", [])]}
+    peaks: dict = {}
+    for run in runs:
+        for name, mib in (run.get("peak_gpu_mib") or {}).items():
+            if mib is not None:
+                peaks[name] = max(mib, peaks.get(name) or 0)
+    merged["peak_gpu_mib"] = peaks or None
+    return merged
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.dashboard", description=__doc__.splitlines()[0])
-    parser.add_argument("raw", type=Path, help="the raw.json a harness run wrote")
-    parser.add_argument("--out", type=Path, default=None, help="directory (default: the JSON's)")
+    parser.add_argument("raw", type=Path, nargs="+",
+                        help="the raw.json a harness run wrote; several runs of one machine are merged into one")
+    parser.add_argument("--out", type=Path, default=None, help="directory (default: the first JSON's)")
     args = parser.parse_args(argv)
-    raw = json.loads(args.raw.read_text())
-    for path in write(raw, args.out or args.raw.parent):
+    raw = merge([json.loads(path.read_text()) for path in args.raw])
+    out = args.out or args.raw[0].parent
+    if len(args.raw) > 1:  # the merged report beside the dashboard made from it (inputs left as they are)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "merged.json").write_text(json.dumps(raw, indent=2) + "\n")
+    for path in write(raw, out):
         print(path)
     return 0
 

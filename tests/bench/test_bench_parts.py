@@ -157,6 +157,32 @@ def test_dashboard_targets_pass_and_fail():
     assert "| target | measured | verdict |" in dashboard.markdown(raw, "skipped")
 
 
+def test_runs_of_one_machine_merge_into_one_dashboard(tmp_path):
+    """A sweep split over two runs (each within a time limit) gives one dashboard with both sizes."""
+    machine = {"gpu": "NVIDIA H200"}
+    small = {"machine": machine, "via": "rest", "command": "a", "date": "d1", "peak_gpu_mib": {"ar_service": 10},
+             "points": [{"size": 512, "steps": 20, "runs": [_run(1, 5.0, 0.2), _run(4, 8.0, 0.6)]}]}
+    large = {"machine": machine, "via": "rest", "command": "b", "date": "d2", "peak_gpu_mib": {"ar_service": 30},
+             "points": [{"size": 1024, "steps": 50, "runs": [_run(1, 24.0, 1 / 24)]}],
+             "transport_overhead": [{"size": 1024, "steps": 50, "overhead": 0.01}]}
+    for i, raw in enumerate((small, large)):
+        (tmp_path / f"{i}.json").write_text(json.dumps(raw))
+    assert dashboard.main([str(tmp_path / "0.json"), str(tmp_path / "1.json"), "--out", str(tmp_path / "out")]) == 0
+    merged = json.loads((tmp_path / "out" / "merged.json").read_text())
+    assert [p["size"] for p in merged["points"]] == [512, 1024]
+    assert merged["peak_gpu_mib"] == {"ar_service": 30} and merged["command"] == "a ; b"
+    verdicts = {row[0]: row[2] for row in dashboard.targets(merged)}
+    assert verdicts["1024/50 steps c1 mean latency <= 25 s"] == "pass"
+    assert verdicts["512/20 steps c1 mean latency <= 6 s"] == "pass"
+    assert "| 1024/50 |" in (tmp_path / "out" / "DASHBOARD.md").read_text()
+    with_bounds = dashboard.merge([{**small, "bounds": {"measured": "first", "per_size": [{"size": 512}]}},
+                                   {**large, "bounds": {"measured": "second", "per_size": [{"size": 1024}]}}])
+    assert with_bounds["bounds"]["measured"] == "first"
+    assert [row["size"] for row in with_bounds["bounds"]["per_size"]] == [512, 1024]
+    with pytest.raises(ValueError, match="different machines"):
+        dashboard.merge([small, {**large, "machine": {"gpu": "other"}}])
+
+
 def test_point_and_concurrency_parsing():
     assert harness.parse_points("512:20, 1024:50") == [(512, 20), (1024, 50)]
     assert harness.parse_ints("1,2,4,8") == [1, 2, 4, 8]
