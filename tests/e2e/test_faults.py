@@ -15,7 +15,7 @@ import grpc
 import httpx
 import pytest
 
-from protos import ar_pb2, ar_pb2_grpc
+from protos import ar_pb2, ar_pb2_grpc, common_pb2, dit_pb2_grpc
 from protos.values import knobs_to_proto
 from servicekit.healthcheck import check
 from tools.local_stack import LocalStack
@@ -81,7 +81,19 @@ def _in_background(function, *args):
 
 
 def _wait_busy(stack: LocalStack, seconds: float = 1.5) -> None:
-    time.sleep(seconds)  # the slow request is decoding and rendering by now
+    """Until the request is in both stages (dit_service holds its Render, ar_service is decoding), plus a moment:
+    a fixed sleep alone is not enough on a loaded machine, where the request may still be queued."""
+    deadline = time.monotonic() + 60
+    with grpc.insecure_channel(stack.dit_address) as channel:
+        stub = dit_pb2_grpc.RendererStub(channel)
+        while time.monotonic() < deadline:
+            status = stub.GetStatus(common_pb2.GetStatusRequest(), timeout=5)
+            if status.queued + status.running > 0:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the request never reached dit_service")
+    time.sleep(min(seconds, 0.3))
 
 
 # -- faults ------------------------------------------------------------------------------------------
