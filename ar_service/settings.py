@@ -28,12 +28,12 @@ class ARSettings(ServiceSettings):
     )
     max_prompt_tokens: int = Field(1024, ge=1, description="longest prompt accepted, in tokens")
     max_workers: int = Field(32, ge=2, description="gRPC handler threads")
-    # -- limits (issue 6) --
+    # -- limits --
     max_pixels: int | None = Field(
         None, ge=256, description="largest width * height of one image (default: the model's largest side squared)"
     )
     max_concurrent_streams: int = Field(100, ge=1, description="most concurrent gRPC streams per client connection")
-    # -- batching and admission (issue 5) --
+    # -- batching and admission --
     max_batch_size: int = Field(
         8, ge=1, le=256,
         description="most images decoded together; every decode step runs padded to this many rows (batch invariance)",

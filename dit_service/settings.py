@@ -30,7 +30,7 @@ class DiTSettings(ServiceSettings):
         description="build the checkpoint's DiT/VAE/refiner from config.json with random weights straight on the "
         "device, reading no tensors (benchmarks of a Preview-shaped model)",
     )
-    # -- limits (issue 6) --
+    # -- limits --
     max_side: int = Field(4096, ge=16, description="largest width or height one Render may ask for, in pixels")
     max_pixels: int = Field(4096 * 4096, ge=256, description="largest width * height one Render may ask for")
     max_chunk_bytes: int = Field(
@@ -38,7 +38,7 @@ class DiTSettings(ServiceSettings):
     )
     max_condition_chunks: int = Field(16_384, ge=1, description="most condition chunks one Render stream may send")
     max_concurrent_streams: int = Field(256, ge=1, description="most concurrent gRPC streams per client connection")
-    # -- batching and admission (issue 5) --
+    # -- batching and admission --
     max_batch_size: int = Field(
         4, ge=1, description="most images denoised together in one step-level batch (images of one size join and "
         "leave between steps)"
