@@ -225,7 +225,7 @@ class StaticDecoder:
             raise ValueError("the fast decode step takes generation-vocabulary ids only")
         if max(positions) >= self.max_positions - 1:
             raise ValueError(f"position {max(positions)} is beyond the decode cache ({self.max_positions - 1})")
-        rows = self.slots if self.full_length else min(self.slots, 1 << max(slots).bit_length())
+        bucket, rows = self.shape_for(slots, positions)
         # Free rows compute at the last position, which no real stream reaches (max_positions is one past the
         # longest prompt + grid), so their K/V writes never land on a real stream's positions; they draw a
         # forced id.
@@ -236,13 +236,21 @@ class StaticDecoder:
             float_rows[slot] = [params.temperature, params.top_p]
         self._long[:rows].copy_(torch.tensor(long_rows, dtype=torch.long))
         self._float[:rows].copy_(torch.tensor(float_rows, dtype=torch.float32))
-        bucket = self.max_positions if self.full_length else min(self.max_positions, bucket_for(max(positions) + 1))
         if self.cuda_graphs:
             drawn, hidden = self._replay(bucket, rows)
         else:
             drawn, hidden = self._forward(bucket, rows)
         tokens = drawn.tolist()  # the one device-to-host wait of a step
         return [tokens[slot] for slot in slots], hidden[slots]
+
+    def shape_for(self, slots: list[int], positions: list[int]) -> tuple[int, int]:
+        """(bucket, rows) of the step feeding ``slots`` at ``positions``: rows up to the highest slot in use (a power
+        of two), the length bucket covering the furthest position; every slot and the whole cache when
+        ``full_length``."""
+        if self.full_length:
+            return self.max_positions, self.slots
+        rows = min(self.slots, 1 << max(slots).bit_length())
+        return min(self.max_positions, bucket_for(max(positions) + 1)), rows
 
     def warm_up(self, positions: int) -> int:
         """Captures, up front, the graphs of every row count and every bucket up to ``positions`` (so that no
@@ -258,21 +266,23 @@ class StaticDecoder:
         finally:
             gc.unfreeze()
 
-    def _capture_all(self, positions: int) -> int:
-        counts = sorted({min(self.slots, 1 << n) for n in range(self.slots.bit_length() + 1)})
+    def graph_keys(self, positions: int) -> list[tuple[int, int]]:
+        """(bucket, rows) of every step shape a batch of streams up to ``positions`` long can take."""
         if self.full_length:
-            counts, buckets = [self.slots], [self.max_positions]
-        else:
-            buckets, n = [], 1
-            while n <= min(positions, self.max_positions):
-                b = min(self.max_positions, bucket_for(n))
-                if not buckets or b != buckets[-1]:
-                    buckets.append(b)
-                n = b + 1
-        for rows in counts:
-            for bucket in buckets:
-                if (bucket, rows) not in self._graphs:
-                    self._capture(bucket, rows)
+            return [(self.max_positions, self.slots)]
+        counts = sorted({min(self.slots, 1 << n) for n in range(self.slots.bit_length() + 1)})
+        buckets, n = [], 1
+        while n <= min(positions, self.max_positions):
+            b = min(self.max_positions, bucket_for(n))
+            if not buckets or b != buckets[-1]:
+                buckets.append(b)
+            n = b + 1
+        return [(bucket, rows) for rows in counts for bucket in buckets]
+
+    def _capture_all(self, positions: int) -> int:
+        for bucket, rows in self.graph_keys(positions):
+            if (bucket, rows) not in self._graphs:
+                self._capture(bucket, rows)
         return len(self._graphs)
 
     def _replay(self, bucket: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -153,10 +153,15 @@ def test_batched_decode_step_is_row_independent(tiny_ar):
     assert torch.equal(torch.cat(rows), alone.image_condition)
 
 
-def test_engine_batch_invariance_and_status(tiny_ar, checkpoint):
-    """8 requests (other prompts, seeds, sizes, n, joining at different times): each one's conditions equal its run alone."""
+@pytest.mark.parametrize(
+    "decoder", [{}, {"fast_decode": True, "deterministic": True}], ids=["eager", "fast-deterministic"]
+)
+def test_engine_batch_invariance_and_status(tiny_ar, checkpoint, decoder):
+    """8 requests (other prompts, seeds, sizes, n, joining at different times): each one's conditions equal its run
+    alone, bit for bit, with the eager decoder and with the fast decoder in deterministic mode (the fast decoder's
+    default mode fails this: it runs as few rows as the batch needs, and CPU BLAS rounds by row count)."""
     renderer = FakeRenderer()
-    engine = make_engine(tiny_ar, checkpoint, renderer, max_batch_size=8, max_queued_requests=16)
+    engine = make_engine(tiny_ar, checkpoint, renderer, max_batch_size=8, max_queued_requests=16, **decoder)
     specs = [
         dict(prompt=f"scene {k}", width=64 + 16 * (k % 3), height=64, seed=10 * k, n=1 + (k % 2),
              knobs={"num_inference_steps": 2})

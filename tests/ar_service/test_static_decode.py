@@ -145,3 +145,27 @@ def test_a_fresh_decoder_steps_its_free_rows_safely(setup):
     assert drawn.tolist() == [tiny_ar.config.gen_vocab_start_index] * 2
     assert torch.isfinite(hidden).all()
     assert static.warm_up(300) == 0  # no CUDA graphs on the CPU
+
+
+def test_length_buckets_cover_every_length_with_at_most_a_quarter_masked():
+    from ar_service.model.static_decode import MIN_BUCKET, bucket_for
+
+    previous = 0
+    for n in range(1, 20_000, 7):
+        b = bucket_for(n)
+        assert b >= n and b >= previous  # covers, and never shrinks as a stream grows
+        assert b <= max(MIN_BUCKET, 1.25 * n + 64)
+        previous = b
+    assert len({bucket_for(n) for n in range(1, 17_611)}) < 40  # few graphs per row count
+
+
+def test_warm_up_captures_every_shape_a_request_can_step_in(setup):
+    """Every (bucket, rows) that step() picks for streams up to the warm-up length is among the captured graphs,
+    so no request pays for a capture."""
+    tiny_ar, _, _ = setup
+    for full_length in (False, True):
+        static = StaticDecoder(tiny_ar.model, slots=8, max_positions=5000, full_length=full_length)
+        keys = set(static.graph_keys(4500))
+        for slots in ([0], [1], [0, 2], [3], [0, 1, 2, 3, 4], [7], [5, 6]):
+            for position in (0, 255, 256, 257, 1056, 2049, 4499):
+                assert static.shape_for(slots, [position] * len(slots)) in keys
