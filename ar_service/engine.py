@@ -234,6 +234,7 @@ class AREngine:
         fast_decode: bool = False,
         compile_decode: bool = False,
         compile_decode_mode: str = "default",
+        decode_lookahead: bool = False,
         deterministic: bool = False,
         profiler: BusyProfiler | None = None,
     ):
@@ -281,6 +282,7 @@ class AREngine:
             graphs = static.warm_up(typical + default.decode_tokens)
             if graphs:
                 log.info("fast decode: %d CUDA graphs captured in %.1f s", graphs, time.perf_counter() - started)
+            static.lookahead = decode_lookahead
             decoder = SlotDecoder(static)
         self.decoder = decoder or EagerDecoder(loaded.model, max_batch_size)
         self._lock = threading.RLock()  # re-entered when a cancel inside the worker wakes the worker

@@ -210,7 +210,9 @@ class DecodeStream:
     @property
     def draw(self) -> tuple[tuple[int, int], SamplingParams, int, int]:
         """(allowed id range, sampling params, seed, step) of the token drawn next: ``sample_rows``' row inputs."""
-        step = len(self.tokens)
+        return self.draw_at(len(self.tokens))
+
+    def draw_at(self, step: int) -> tuple[tuple[int, int], SamplingParams, int, int]:
         return allowed_token_range(step, self.grid, self.t2i), self.sampling, self.seed, step
 
     def sample(self) -> bool:
@@ -290,7 +292,19 @@ class SlotDecoder:
     @torch.inference_mode()
     def step(self, streams: list[DecodeStream]) -> tuple[list[int], torch.Tensor]:
         ids, positions = zip(*(s.feed for s in streams))
-        return self.static.step([s.slot for s in streams], list(ids), list(positions), [s.draw for s in streams])
+        slots = [s.slot for s in streams]
+        tokens, hidden = self.static.step(slots, list(ids), list(positions), [s.draw for s in streams])
+        if self.static.lookahead:
+            # The likeliest next step: every stream that goes on feeds the token it just drew, one position on.
+            going = [(s, token) for s, token in zip(streams, tokens) if len(s.tokens) + 1 < s.grid.decode_tokens]
+            if going:
+                self.static.launch_ahead(
+                    [s.slot for s, _ in going],
+                    [token for _, token in going],
+                    [s.prompt_len + len(s.tokens) for s, _ in going],
+                    [s.draw_at(len(s.tokens) + 1) for s, _ in going],
+                )
+        return tokens, hidden
 
 
 def decode_step(model: MammothModa2AR, streams: list[DecodeStream], pad_to: int = DEFAULT_PAD_TO):

@@ -60,6 +60,11 @@ class ARSettings(ServiceSettings):
         description="torch.compile mode of compile_decode; max-autotune-no-cudagraphs also times Inductor's own "
         "matmul kernels against cuBLAS per shape (minutes more at start)",
     )
+    decode_lookahead: bool = Field(
+        False,
+        description="with fast_decode: launch each stream's next token step before the host has handled the last "
+        "one (same results; overlaps host and device work)",
+    )
     prefix_cache: bool = Field(True, description="prefill the shared system-prompt prefix once and reuse its K/V")
     metrics_port: int = Field(
         0, ge=0, le=65535,

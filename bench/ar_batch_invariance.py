@@ -5,7 +5,8 @@
 Decoders: ``eager`` (each stream its own cache, padded batch: the CPU path), ``fast`` (fixed slots, in-place
 K/V, CUDA graphs per length bucket), ``fast+compile`` (the same with torch.compile'd layer bodies, the CUDA
 default), ``fast+autotune`` (compiled with max-autotune-no-cudagraphs: Inductor times its own matmul kernels)
-and ``fast+deterministic`` (compiled, every step over the whole cache: the deterministic mode). For
+``fast+compile+lookahead`` (each next step launched before the host has handled the last one) and
+``fast+deterministic`` (compiled, every step over the whole cache: the deterministic mode). For
 each: ms per token decoding one ``--size`` grid alone (CPU sampling included: what a request sees), the step
 time of a full batch, and whether one image's tokens and hidden states alone equal those among
 ``max_batch - 1`` other streams joining late at other sizes (bit for bit). ``--preview`` uses the
@@ -44,7 +45,7 @@ def main() -> None:
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--max-batch", type=int, default=8)
     parser.add_argument("--size", type=int, default=512)
-    parser.add_argument("--decoders", default="eager,fast,fast+compile,fast+deterministic")
+    parser.add_argument("--decoders", default="eager,fast,fast+compile,fast+compile+lookahead,fast+autotune,fast+deterministic")
     parser.add_argument("--eager-tokens", type=int, default=200, help="tokens timed for the eager decoder (slow)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -71,6 +72,7 @@ def main() -> None:
             compile_mode="max-autotune-no-cudagraphs" if "autotune" in name else "default",
             full_length="deterministic" in name,
         )
+        static.lookahead = "lookahead" in name
         return SlotDecoder(static)
 
     def stream(decoder, prompt, w, h, seed, rows=None):

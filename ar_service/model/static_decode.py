@@ -103,6 +103,24 @@ def _fuse(modules: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | 
     return weight, bias
 
 
+class _Ahead:
+    """A step launched before it was asked for: its inputs, and its outputs once the device has them."""
+
+    def __init__(self, request: tuple, drawn: torch.Tensor, hidden: torch.Tensor, host: torch.Tensor) -> None:
+        self.request, self.hidden = request, hidden
+        self.host = host[: drawn.shape[0]]
+        self.host.copy_(drawn, non_blocking=True)
+        self.ready = torch.cuda.Event() if drawn.is_cuda else None
+        if self.ready is not None:
+            self.ready.record()
+
+    def result(self) -> tuple[list[int], torch.Tensor]:
+        if self.ready is not None:
+            self.ready.synchronize()
+        tokens = self.host.tolist()
+        return [tokens[slot] for slot in self.request[0]], self.hidden
+
+
 class StaticDecoder:
     """Batched decode over ``slots`` fixed rows with an in-place K/V cache of ``max_positions`` per slot."""
 
@@ -147,6 +165,13 @@ class StaticDecoder:
         self._rows = torch.arange(slots, device=device)
         self._free = list(range(slots))
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.lookahead = False  # see launch_ahead(); set by the owner
+        self._ahead: _Ahead | None = None
+        self.ahead_taken = self.ahead_wasted = 0  # steps launched ahead and then asked for, or not
+        self._indexes: dict[tuple[int, ...], torch.Tensor] = {}
+        self._outputs: tuple[torch.Tensor, torch.Tensor] | None = None
+        pinned = device.type == "cuda"
+        self._host_drawn = torch.zeros(slots, dtype=torch.long, pin_memory=pinned)
         self._pool = None
         with torch.no_grad():
             self._layer_weights = [self._weights(layer) for layer in text.layers]
@@ -217,14 +242,54 @@ class StaticDecoder:
     ) -> tuple[list[int], torch.Tensor]:
         """One token for each listed slot, fed ``ids`` at ``positions``; ``draws`` are ``sample_rows``' inputs
         (allowed range, params, seed, step) of the token each draws. Returns (drawn ids, condition hidden states
-        [B, H]) in the order given."""
-        if not (len(slots) == len(ids) == len(positions) == len(draws)) or not slots:
-            raise ValueError("step needs one id, one position and one draw per slot")
-        start = self.config.gen_vocab_start_index
-        if min(ids) < start:
+        [B, H]) in the order given. When ``launch_ahead`` started exactly this step already, its result is taken."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            if ahead.request == (slots, ids, positions, draws):
+                self.ahead_taken += 1
+                return ahead.result()
+            self.ahead_wasted += 1
+        self._enqueue(slots, ids, positions, draws)
+        drawn, hidden = self._outputs  # hidden: the listed slots' rows already
+        tokens = drawn.tolist()  # the one device-to-host wait of a step
+        return [tokens[slot] for slot in slots], hidden
+
+    def launch_ahead(
+        self,
+        slots: list[int],
+        ids: list[int],
+        positions: list[int],
+        draws: list[tuple[tuple[int, int], SamplingParams, int, int]],
+    ) -> bool:
+        """Starts the step that will most likely be asked for next (the same streams, one token further) without
+        waiting for it, so that the host's work between two steps overlaps the device's. ``step`` takes its result
+        when asked for exactly these inputs and otherwise runs the step asked for: a step launched ahead only
+        writes K/V at its streams' next positions, which the step run instead rewrites or no stream reads.
+        Returns whether it launched (only into a graph already captured)."""
+        self._ahead = None
+        if not self.lookahead or not slots:
+            return False
+        try:
+            self._check(ids, positions)
+        except ValueError:
+            return False
+        if self.cuda_graphs and self.shape_for(slots, positions) not in self._graphs:
+            return False
+        self._enqueue(slots, ids, positions, draws)
+        self._ahead = _Ahead((slots, ids, positions, draws), *self._outputs, self._host_drawn)
+        return True
+
+    def _check(self, ids: list[int], positions: list[int]) -> None:
+        if min(ids) < self.config.gen_vocab_start_index:
             raise ValueError("the fast decode step takes generation-vocabulary ids only")
         if max(positions) >= self.max_positions - 1:
             raise ValueError(f"position {max(positions)} is beyond the decode cache ({self.max_positions - 1})")
+
+    def _enqueue(self, slots, ids, positions, draws) -> None:
+        """Uploads the inputs and runs (or enqueues, on CUDA) the step; its outputs are in ``self._outputs``."""
+        if not (len(slots) == len(ids) == len(positions) == len(draws)) or not slots:
+            raise ValueError("step needs one id, one position and one draw per slot")
+        self._check(ids, positions)
         bucket, rows = self.shape_for(slots, positions)
         # Free rows compute at the last position, which no real stream reaches (max_positions is one past the
         # longest prompt + grid), so their K/V writes never land on a real stream's positions; they draw a
@@ -240,8 +305,14 @@ class StaticDecoder:
             drawn, hidden = self._replay(bucket, rows)
         else:
             drawn, hidden = self._forward(bucket, rows)
-        tokens = drawn.tolist()  # the one device-to-host wait of a step
-        return [tokens[slot] for slot in slots], hidden[slots]
+        # Copies, made in stream order before any later step overwrites a graph's output buffers. The row index
+        # lives on the device already: an index built from a host list is a pageable upload, which waits for the
+        # device to finish everything queued before it.
+        key = tuple(slots)
+        index = self._indexes.get(key)
+        if index is None:
+            index = self._indexes[key] = torch.tensor(slots, dtype=torch.long, device=self.device)
+        self._outputs = drawn.clone(), hidden.index_select(0, index)
 
     def shape_for(self, slots: list[int], positions: list[int]) -> tuple[int, int]:
         """(bucket, rows) of the step feeding ``slots`` at ``positions``: rows up to the highest slot in use (a power

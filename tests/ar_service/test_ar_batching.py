@@ -154,7 +154,10 @@ def test_batched_decode_step_is_row_independent(tiny_ar):
 
 
 @pytest.mark.parametrize(
-    "decoder", [{}, {"fast_decode": True, "deterministic": True}], ids=["eager", "fast-deterministic"]
+    "decoder",
+    [{}, {"fast_decode": True, "deterministic": True},
+     {"fast_decode": True, "deterministic": True, "decode_lookahead": True}],
+    ids=["eager", "fast-deterministic", "fast-deterministic-lookahead"],
 )
 def test_engine_batch_invariance_and_status(tiny_ar, checkpoint, decoder):
     """8 requests (other prompts, seeds, sizes, n, joining at different times): each one's conditions equal its run
@@ -194,6 +197,9 @@ def test_engine_batch_invariance_and_status(tiny_ar, checkpoint, decoder):
         assert registry.get_sample_value("ardit_ar_batch_size_count") > 0
         assert registry.get_sample_value("ardit_ar_decode_step_seconds_count") > 0
         assert registry.get_sample_value("ardit_ar_running_streams") == 0
+        if decoder.get("decode_lookahead"):  # most steps were launched ahead and taken; joins and leaves waste some
+            static = engine.decoder.static
+            assert static.ahead_taken > 10 * static.ahead_wasted > 0
     finally:
         engine.close()
 

@@ -110,14 +110,16 @@ def test_static_decoder_refuses_what_it_cannot_hold(setup):
         static.release(0)
 
 
-def test_engine_with_fast_decode_gives_the_eager_engine_tokens_and_frees_slots(tiny_ar, tiny_root):
+@pytest.mark.parametrize("lookahead", [False, True])
+def test_engine_with_fast_decode_gives_the_eager_engine_tokens_and_frees_slots(tiny_ar, tiny_root, lookahead):
     """Four requests, one cancelled mid-decode: the others' token grids equal the eager engine's, and every slot
-    is free again afterwards."""
+    is free again afterwards (also with steps launched ahead)."""
     checkpoint = open_checkpoint(tiny_root)
     specs = [dict(prompt=f"scene {k}", width=64 + 16 * k, height=64, seed=3 * k) for k in range(4)]
     results = {}
     for fast in (False, True):
-        engine = make_engine(tiny_ar, checkpoint, FakeRenderer(), max_batch_size=4, fast_decode=fast)
+        engine = make_engine(tiny_ar, checkpoint, FakeRenderer(), max_batch_size=4, fast_decode=fast,
+                             decode_lookahead=lookahead)
         try:
             jobs = [engine.submit(engine.plan(request_id=f"r{k}", **spec), mode="tokens") for k, spec in enumerate(specs)]
             victim = engine.submit(engine.plan(request_id="victim", prompt="cancel me", width=256, height=256), mode="tokens")
@@ -169,3 +171,17 @@ def test_warm_up_captures_every_shape_a_request_can_step_in(setup):
         for slots in ([0], [1], [0, 2], [3], [0, 1, 2, 3, 4], [7], [5, 6]):
             for position in (0, 255, 256, 257, 1056, 2049, 4499):
                 assert static.shape_for(slots, [position] * len(slots)) in keys
+
+
+def test_steps_launched_ahead_change_nothing(setup):
+    """One grid decoded with each next step launched before it is asked for equals the grid decoded without, bit
+    for bit, and the launched steps were the ones taken."""
+    tiny_ar, sampling, prefix = setup
+    plain = StaticDecoder(tiny_ar.model, slots=2, max_positions=700)
+    ahead = StaticDecoder(tiny_ar.model, slots=2, max_positions=700)
+    ahead.lookahead = True
+    a = _grid(tiny_ar, sampling, prefix, "a lighthouse", (128, 128), 9, SlotDecoder(plain))
+    b = _grid(tiny_ar, sampling, prefix, "a lighthouse", (128, 128), 9, SlotDecoder(ahead))
+    assert a.token_ids == b.token_ids
+    assert torch.equal(a.image_condition, b.image_condition)
+    assert ahead.ahead_taken == len(a.token_ids) - 2 and ahead.ahead_wasted == 0
