@@ -167,16 +167,16 @@ class GrpcClient:
 
 
 def closed_loop(send, size: int, steps: int, concurrency: int, requests: int, ramp_s: float, first_seed: int,
-                guidance: float | None) -> list[Outcome]:
+                guidance: float | None, sleep=time.sleep) -> list[Outcome]:
     """``concurrency`` client threads share ``requests`` requests; each sends its next one when its previous one has
-    finished; client i starts ``i * ramp_s`` after client 0."""
+    finished; client i starts ``i * ramp_s`` after client 0 (it calls ``sleep(i * ramp_s)`` first)."""
     outcomes: list[Outcome] = []
     lock = threading.Lock()
     issued = 0
 
     def client(i: int) -> None:
         nonlocal issued
-        time.sleep(i * ramp_s)
+        sleep(i * ramp_s)
         while True:
             with lock:
                 if issued >= requests:
