@@ -251,8 +251,7 @@ class AREngine:
         # Pixels per visual token is a serving fact (ardit_serving.json, default 16 as vllm-omni), not a model one.
         self.pixels_per_token = checkpoint.serving.pixels_per_token
         self.size_multiple = math.lcm(self.pixels_per_token, checkpoint.size_multiple)
-        t2i = loaded.t2i
-        self.ar_defaults = {"temperature": t2i.default_temperature, "top_k": t2i.top_k, "top_p": t2i.top_p}
+        self.ar_defaults = loaded.t2i.sampling_defaults
         # Strings the tokenizer turns into control tokens: inside a prompt they would rewrite the envelope.
         self._control_tokens = tuple(sorted(loaded.tokenizer.get_added_vocab(), key=len, reverse=True))
         self.max_batch_size = max_batch_size

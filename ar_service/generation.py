@@ -307,9 +307,36 @@ class SlotDecoder:
         return tokens, hidden
 
 
-def decode_step(model: MammothModa2AR, streams: list[DecodeStream], pad_to: int = DEFAULT_PAD_TO):
-    """One eager batched forward for every stream that waits for one: (drawn tokens, hidden [B, H])."""
-    return EagerDecoder(model, pad_to).step(streams)
+def decode_together(
+    decoder: "EagerDecoder | SlotDecoder",
+    streams: list[DecodeStream],
+    joiners: list[DecodeStream] = (),
+    join_every: int = 1,
+    max_steps: int | None = None,
+    release_unfinished: bool = True,
+) -> int:
+    """The engine's token loop without the engine (benchmarks, tests): decodes ``streams`` together, the last of
+    ``joiners`` joining every ``join_every`` steps, until all are done or ``max_steps`` ran; returns the steps run.
+    Finished streams give their decoder slot back, unfinished ones too unless ``release_unfinished`` is False."""
+    running, waiting, steps = list(streams), list(joiners), 0
+    while (running or waiting) and (max_steps is None or steps < max_steps):
+        if steps % join_every == 0 and waiting:
+            running.append(waiting.pop())
+        feed = []
+        for stream in running:
+            if stream.sample():
+                feed.append(stream)
+            else:
+                decoder.release(stream)
+        running = feed
+        if feed:
+            tokens, hidden = decoder.step(feed)
+            for b, stream in enumerate(feed):
+                stream.accept(hidden[b], tokens[b])
+        steps += 1
+    for stream in running if release_unfinished else []:
+        decoder.release(stream)
+    return steps
 
 
 @torch.inference_mode()

@@ -8,10 +8,10 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from servicekit.settings import ServiceSettings
+from servicekit.settings import ModelServiceSettings
 
 
-class ARSettings(ServiceSettings):
+class ARSettings(ModelServiceSettings):
     model_config = SettingsConfigDict(env_prefix="ARDIT_AR_", extra="forbid")
 
     host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0 in a container)")
@@ -69,15 +69,6 @@ class ARSettings(ServiceSettings):
     metrics_port: int = Field(
         0, ge=0, le=65535,
         description="serve Prometheus metrics on this port (0 = off; e.g. 9451); a port in use is logged, not fatal",
-    )
-    profile_dir: Path | None = Field(
-        None,
-        description="write a torch.profiler Chrome trace of each busy period (idle -> busy -> idle) to this directory, "
-        "named <service>-<UTC time>-<first request id>.json, at most profile_max_traces per process "
-        "(default: off, at no cost)",
-    )
-    profile_max_traces: int = Field(
-        10, ge=1, description="most traces profile_dir gets per process; later busy periods are not traced (bounds disk use)"
     )
     # -- shutdown --
     shutdown_drain_s: float = Field(0.0, ge=0, description="on SIGTERM, report NOT_SERVING this long before refusing calls")

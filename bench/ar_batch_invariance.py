@@ -28,6 +28,7 @@ from ar_service.generation import (
     EagerDecoder,
     SlotDecoder,
     build_prefix_cache,
+    decode_together,
     prompt_ids_for,
     system_prefix_ids,
 )
@@ -86,27 +87,10 @@ def main() -> None:
     def run(decoder, streams, joiners=(), limit=None, keep=False):
         """Decodes until every stream is done (or ``limit`` steps; ``keep``: the unfinished keep their slots);
         returns (steps, seconds)."""
-        running, joiners, steps = list(streams), list(joiners), 0
         sync()
         start = time.perf_counter()
-        while running and (limit is None or steps < limit):
-            if steps % 5 == 0 and joiners:
-                running.append(joiners.pop())
-            feed = []
-            for s in running:
-                if s.sample():
-                    feed.append(s)
-                else:
-                    decoder.release(s)
-            running = feed
-            if feed:
-                tokens, hidden = decoder.step(feed)
-                for b, s in enumerate(feed):
-                    s.accept(hidden[b], tokens[b])
-            steps += 1
+        steps = decode_together(decoder, streams, list(joiners), join_every=5, max_steps=limit, release_unfinished=not keep)
         sync()
-        for s in [] if keep else running:
-            decoder.release(s)
         return steps, time.perf_counter() - start
 
     def alone(decoder, limit=None):

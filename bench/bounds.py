@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ar_service.model.configuration import ARConfig
+from ar_service.model.modeling import count_decode_parameters
 from dit_service.model.sampler import uses_cfg
 from dit_service.model.transformer import ffn_inner_dim
 
@@ -93,22 +94,8 @@ def measure(device: str | torch.device, copy_bytes: int | None = None, matmul_n:
 
 
 def decode_weight_bytes(config: ARConfig, dtype_bytes: int = 2) -> int:
-    """Weight bytes one text-to-image decode token reads, at batch 1.
-
-    Every decode token is a generation-vocabulary token, so on each layer it goes through the expert copy of the
-    attention projections (q, k, v with biases, o) and of the MLP (gate, up, down) where the layer has one
-    (``moe_type``), the text copy otherwise (same shapes); plus both per-layer RMSNorms, the final norm, and only
-    ``gen_head`` (gen_vocab_size x hidden): text-to-image sampling reads the generation logits alone. The one
-    embedding row looked up per token is left out (hidden_size values, nothing next to the rest).
-    """
-    h, f, n = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
-    attention = (h * q + q) + 2 * (h * kv + kv) + q * h
-    mlp = 3 * h * f
-    norms = 2 * h
-    per_layer = attention + mlp + norms  # expert or text copy: the same shapes, read once either way
-    params = n * per_layer + h + config.gen_vocab_size * h
-    return params * dtype_bytes
+    """Weight bytes one text-to-image decode token reads, at batch 1 (``count_decode_parameters``)."""
+    return count_decode_parameters(config) * dtype_bytes
 
 
 def ar_bound_ms_per_token(config: ARConfig, gb_per_s: float, dtype_bytes: int = 2) -> float:
@@ -194,13 +181,15 @@ def condition_tokens(config: dict, text_positions: int, grid_width: int, grid_he
     image condition when it has "image": ``ar_h * (ar_w + 1)`` rows, or the refiner's ``num_queries`` rows when the
     checkpoint has a Q-Former refiner (it replaces the image condition before the DiT; dit_service/model/refiner.py).
     """
-    from dit_service.model.pipeline import DEFAULT_CONDITION_MODE
+    from ar_service.prompt import Grid
+    from dit_service.model.pipeline import DEFAULT_CONDITION_MODE, build_modules
 
     mode = config.get("gen_condition_mode") or DEFAULT_CONDITION_MODE
     rows = text_positions if "text" in mode else 0
     if "image" in mode:
-        refiner = config.get("gen_image_condition_refiner_config")
-        rows += int(refiner.get("num_queries", 128)) if refiner is not None else grid_height * (grid_width + 1)
+        with torch.device("meta"):  # the refiner as the DiT stage builds it, without memory
+            _, _, refiner = build_modules(config)
+        rows += refiner.num_queries if refiner is not None else Grid(grid_width, grid_height).condition_positions
     return rows
 
 

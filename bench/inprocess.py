@@ -100,8 +100,7 @@ class InProcessPipeline:
     def knobs(self, steps: int, guidance: float | None = None) -> dict:
         """The knobs a service request with only ``num_inference_steps`` (and maybe guidance) resolves to."""
         table = FAMILIES[self.checkpoint.family]
-        t2i = self.ar.t2i
-        ar = table.resolve({}, {"temperature": t2i.default_temperature, "top_k": t2i.top_k, "top_p": t2i.top_p},
+        ar = table.resolve({}, self.ar.t2i.sampling_defaults,
                            stages=("ar",))
         given = {"num_inference_steps": steps} | ({} if guidance is None else {"text_guidance_scale": guidance})
         return {**ar, **table.resolve(given, {}, stages=("dit",))}

@@ -17,6 +17,7 @@ memory until its busy period ends: meant for a few requests, not for a server th
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import re
 import threading
@@ -117,6 +118,12 @@ class BusyProfiler:
             n += 1
             path = self.directory / f"{stem}-{n}.json"
         return path
+
+
+def trace_event_names(path: Path | str) -> set[str]:
+    """The event names in a Chrome trace this module wrote (stage labels, operators, kernels)."""
+    trace = json.loads(Path(path).read_text())
+    return {event.get("name", "") for event in (trace["traceEvents"] if isinstance(trace, dict) else trace)}
 
 
 def make_profiler(

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+from pydantic import Field
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 _yaml_values: ContextVar[dict[str, Any]] = ContextVar("ardit_yaml_settings", default={})
@@ -40,6 +41,20 @@ class ServiceSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return init_settings, env_settings, InitSettingsSource(settings_cls, init_kwargs=_yaml_values.get())
+
+
+class ModelServiceSettings(ServiceSettings):
+    """Settings both model services have (the ones that run an engine on a device)."""
+
+    profile_dir: Path | None = Field(
+        None,
+        description="write a torch.profiler Chrome trace of each busy period (idle -> busy -> idle) to this directory, "
+        "named <service>-<UTC time>-<first request id>.json, at most profile_max_traces per process "
+        "(default: off, at no cost)",
+    )
+    profile_max_traces: int = Field(
+        10, ge=1, description="most traces profile_dir gets per process; later busy periods are not traced (bounds disk use)"
+    )
 
 
 def _flag_type(annotation: Any) -> Any:

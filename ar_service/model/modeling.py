@@ -381,12 +381,17 @@ def mask_generation_vocab(logits: torch.Tensor, gen_vocab_start_index: int, t2i:
     return logits
 
 
+def _layer_shapes(config: ARConfig) -> tuple[int, int]:
+    """Parameters of one layer's attention projections (q, k, v with biases, o) and of one MLP (gate, up, down)."""
+    h, f = config.hidden_size, config.intermediate_size
+    q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
+    return (h * q + q) + 2 * (h * kv + kv) + q * h, 3 * h * f
+
+
 def count_parameters(config: ARConfig) -> dict[str, int]:
     """Parameter counts of the AR the config describes, computed analytically (no allocation)."""
-    h, f, n = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
-    attn = (h * q + q) + 2 * (h * kv + kv) + q * h
-    mlp = 3 * h * f
+    h, n = config.hidden_size, config.num_hidden_layers
+    attn, mlp = _layer_shapes(config)
     moe = config.moe
     ffn_experts = len(moe.layers(n, "ffn"))
     attn_experts = len(moe.layers(n, "attention"))
@@ -394,3 +399,13 @@ def count_parameters(config: ARConfig) -> dict[str, int]:
     experts = ffn_experts * mlp + attn_experts * attn
     gen_vocab = 2 * config.gen_vocab_size * h
     return {"dense": dense, "experts": experts, "gen_vocab": gen_vocab, "total": dense + experts + gen_vocab}
+
+
+def count_decode_parameters(config: ARConfig) -> int:
+    """Parameters one text-to-image decode token reads (what ``static_decode`` runs): on each layer the expert copy
+    of the attention projections and of the MLP where the layer has one, the text copy otherwise (same shapes),
+    both RMSNorms; the final norm; ``gen_head`` only (the sampler reads generation logits alone). The one embedding
+    row a token looks up is left out."""
+    h = config.hidden_size
+    attn, mlp = _layer_shapes(config)
+    return config.num_hidden_layers * (attn + mlp + 2 * h) + h + config.gen_vocab_size * h

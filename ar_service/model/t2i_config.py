@@ -52,13 +52,18 @@ class T2IGenerationConfig:
 
     @property
     def visual_range(self) -> tuple[int, int]:
-        """Inclusive (first, last) visual id, the form sampling.sample_next takes."""
+        """Inclusive (first, last) visual id, the form of a sampling range."""
         return self.visual_token_start_id, self.visual_token_end_id - 1
 
     @property
     def default_temperature(self) -> float:
         """The AR temperature knob's default: 0 (greedy) when the file says do_sample false, as upstream does."""
         return self.temperature if self.do_sample else 0.0
+
+    @property
+    def sampling_defaults(self) -> dict[str, float | int]:
+        """Defaults of the AR's sampling knobs (temperature, top_k, top_p) from this file."""
+        return {"temperature": self.default_temperature, "top_k": self.top_k, "top_p": self.top_p}
 
     @classmethod
     def from_dict(cls, data: dict) -> T2IGenerationConfig:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 import torch
@@ -11,7 +10,7 @@ from ar_service import events
 from ar_service.engine import AREngine
 from protos.knobs import FAMILIES
 from servicekit.checkpoint import open_checkpoint
-from servicekit.profiling import BusyProfiler
+from servicekit.profiling import BusyProfiler, trace_event_names
 
 
 class Session:
@@ -52,11 +51,6 @@ def run_one(engine, request_id):
     raise AssertionError("job did not finish")
 
 
-def names(path):
-    trace = json.loads(path.read_text())
-    return {e.get("name", "") for e in (trace["traceEvents"] if isinstance(trace, dict) else trace)}
-
-
 def test_profile_dir_set_writes_a_trace_with_the_ar_stages(tiny_ar, tiny_root, tmp_path):
     checkpoint = open_checkpoint(tiny_root)
     profiler = BusyProfiler("ar_service", tmp_path)
@@ -72,7 +66,7 @@ def test_profile_dir_set_writes_a_trace_with_the_ar_stages(tiny_ar, tiny_root, t
     [path] = profiler.traces()
     assert list(tmp_path.iterdir()) == [path]
     assert path.name.startswith("ar_service-") and path.name.endswith("-req-ar-1.json")
-    assert {"ar.prefill", "ar.decode_step", "ar.sample"} <= names(path)
+    assert {"ar.prefill", "ar.decode_step", "ar.sample"} <= trace_event_names(path)
     assert renderer.profiler_running == [True]
 
 

@@ -16,6 +16,7 @@ from ar_service.generation import (
     EagerDecoder,
     SlotDecoder,
     build_prefix_cache,
+    decode_together,
     generate_grid,
     prompt_ids_for,
     system_prefix_ids,
@@ -73,23 +74,8 @@ def test_full_length_fast_decode_is_batch_invariant_to_the_bit(setup):
 
     rows: list[torch.Tensor] = []
     target = stream("a cat", (128, 128), 5, rows)
-    running = [target]
     joiners = [stream(f"dog number {k}", (64 + 16 * k, 96), 100 + k, []) for k in range(3)]
-    step = 0
-    while running:
-        if step % 5 == 0 and joiners:
-            running.append(joiners.pop())
-        feed = []
-        for s in running:
-            (feed if s.sample() else []).append(s)
-            if s.done:
-                decoder.release(s)
-        running = feed
-        if feed:
-            tokens, hidden = decoder.step(feed)
-            for b, s in enumerate(feed):
-                s.accept(hidden[b], tokens[b])
-        step += 1
+    decode_together(decoder, [target], joiners, join_every=5)
     assert target.tokens == alone.token_ids
     assert torch.equal(torch.cat(rows), alone.image_condition)
     assert static.free_slots == 4

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 import torch
 
 from dit_service.engine import DiTEngine, RenderDone, RenderFailed
 from protos.knobs import FAMILIES
-from servicekit.profiling import BusyProfiler
+from servicekit.profiling import BusyProfiler, trace_event_names
 
 HIDDEN = 64
 
@@ -28,11 +27,6 @@ def render(engine, request_id):
             return
 
 
-def names(path):
-    trace = json.loads(path.read_text())
-    return {e.get("name", "") for e in (trace["traceEvents"] if isinstance(trace, dict) else trace)}
-
-
 def test_profile_dir_set_writes_a_trace_with_the_dit_stages(pipeline, tmp_path):
     profiler = BusyProfiler("dit_service", tmp_path)
     engine = DiTEngine(pipeline, FAMILIES["mammothmoda2"], 4096, profiler=profiler)
@@ -46,7 +40,7 @@ def test_profile_dir_set_writes_a_trace_with_the_dit_stages(pipeline, tmp_path):
     [path] = profiler.traces()
     assert list(tmp_path.iterdir()) == [path]
     assert path.name.startswith("dit_service-") and path.name.endswith("-req-dit-1.json")
-    assert {"dit.denoise_step", "dit.vae_decode", "dit.encode"} <= names(path)
+    assert {"dit.denoise_step", "dit.vae_decode", "dit.encode"} <= trace_event_names(path)
 
 
 def test_profile_dir_unset_means_no_profiler_and_no_file(pipeline, tmp_path, monkeypatch):

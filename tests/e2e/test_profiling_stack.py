@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import time
 
+from servicekit.profiling import trace_event_names
 from tools.local_stack import LocalStack
 
-
-def event_names(path) -> set[str]:
-    trace = json.loads(path.read_text())
-    return {e.get("name", "") for e in (trace["traceEvents"] if isinstance(trace, dict) else trace)}
 
 
 def test_one_request_writes_a_trace_per_service(tiny_model, tmp_path):
@@ -38,7 +34,7 @@ def test_one_request_writes_a_trace_per_service(tiny_model, tmp_path):
     ar, dit = found["ar_service"][0], found["dit_service"][0]
     # <service>-<UTC time>-<request id>.json: the DiT renders under the AR's request id
     assert ar.name.split("-", 2)[2] == dit.name.split("-", 2)[2]
-    assert {"ar.prefill", "ar.decode_step", "ar.sample"} <= event_names(ar)
-    assert {"dit.denoise_step", "dit.vae_decode", "dit.encode"} <= event_names(dit)
+    assert {"ar.prefill", "ar.decode_step", "ar.sample"} <= trace_event_names(ar)
+    assert {"dit.denoise_step", "dit.vae_decode", "dit.encode"} <= trace_event_names(dit)
     assert f"profiler trace written to {ar}" in stack.log_text("ar_service")
     assert f"profiler trace written to {dit}" in stack.log_text("dit_service")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 
 import pytest
@@ -11,14 +10,8 @@ import torch
 
 from ar_service.settings import ARSettings
 from dit_service.settings import DiTSettings
-from servicekit.profiling import BusyProfiler, make_profiler, stage
+from servicekit.profiling import BusyProfiler, make_profiler, stage, trace_event_names
 from servicekit.settings import load_settings
-
-
-def event_names(path: Path) -> set[str]:
-    trace = json.loads(path.read_text())
-    events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    return {event.get("name", "") for event in events}
 
 
 def test_off_is_no_profiler_and_a_shared_null_context(tmp_path):
@@ -45,7 +38,7 @@ def test_busy_period_writes_one_trace_with_its_stages(tmp_path):
     path = profiler.idle()
     assert path is not None and path.parent == tmp_path / "traces"
     assert path.name.startswith("svc-") and path.name.endswith("-req-1_.._odd_id.json")
-    assert "svc.work" in event_names(path)
+    assert "svc.work" in trace_event_names(path)
     assert profiler.traces() == [path] and not profiler.recording
 
 
