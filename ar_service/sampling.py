@@ -47,33 +47,24 @@ class RowSampling:
     step: torch.Tensor  # int64, index of the token being drawn
 
     @classmethod
-    def empty(cls, rows: int, device) -> "RowSampling":
-        long = dict(dtype=torch.long, device=device)
-        return cls(
-            lo=torch.zeros(rows, **long), hi=torch.zeros(rows, **long),
-            temperature=torch.ones(rows, dtype=torch.float32, device=device), top_k=torch.zeros(rows, **long),
-            top_p=torch.ones(rows, dtype=torch.float32, device=device), seed=torch.zeros(rows, **long),
-            step=torch.zeros(rows, **long),
-        )
+    def from_columns(cls, ints: torch.Tensor, floats: torch.Tensor) -> "RowSampling":
+        """Views of ``ints`` [B, 5] (``draw_columns``' first list per row) and ``floats`` [B, 2] (its second)."""
+        return cls(lo=ints[:, 0], hi=ints[:, 1], top_k=ints[:, 2], seed=ints[:, 3], step=ints[:, 4],
+                   temperature=floats[:, 0], top_p=floats[:, 1])
 
     @classmethod
     def build(cls, rows: list[tuple[tuple[int, int], SamplingParams, int, int]], device) -> "RowSampling":
         """From (allowed range, params, seed, step) per row."""
-        out = cls.empty(len(rows), device)
-        out.fill(rows)
-        return out
+        ints, floats = zip(*map(draw_columns, rows))
+        return cls.from_columns(torch.tensor(ints, dtype=torch.long, device=device),
+                                torch.tensor(floats, dtype=torch.float32, device=device))
 
-    def fill(self, rows: list[tuple[tuple[int, int], SamplingParams, int, int]], first_row: int = 0) -> None:
-        """Writes rows ``first_row ..`` in place (two host-to-device copies)."""
-        if not rows:
-            return
-        ints = torch.tensor([[lo, hi, p.top_k, seed % 2**63, step] for (lo, hi), p, seed, step in rows], dtype=torch.long)
-        floats = torch.tensor([[p.temperature, p.top_p] for _, p, _, _ in rows], dtype=torch.float32)
-        end = first_row + len(rows)
-        for i, target in enumerate((self.lo, self.hi, self.top_k, self.seed, self.step)):
-            target[first_row:end].copy_(ints[:, i])
-        self.temperature[first_row:end].copy_(floats[:, 0])
-        self.top_p[first_row:end].copy_(floats[:, 1])
+
+def draw_columns(draw: tuple[tuple[int, int], SamplingParams, int, int]) -> tuple[list[int], list[float]]:
+    """One row's (allowed range, params, seed, step) as the integer columns (lo, hi, top_k, seed, step) and the
+    float columns (temperature, top_p) that ``RowSampling.from_columns`` reads."""
+    (lo, hi), params, seed, step = draw
+    return [lo, hi, params.top_k, seed % 2**63, step], [params.temperature, params.top_p]
 
 
 def _mix(x: torch.Tensor) -> torch.Tensor:

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ar_service.model.modeling import KVCache, MammothModa2AR
-from ar_service.sampling import RowSampling, SamplingParams, sample_rows
+from ar_service.sampling import RowSampling, SamplingParams, draw_columns, sample_rows
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +141,9 @@ class StaticDecoder:
             raise ValueError("StaticDecoder needs at least one slot and two positions")
         self.model, self.config = model, config
         start = config.gen_vocab_start_index
-        # A free row: the first generation id at the scratch position, drawing a forced id (see step()).
-        self._free_row = [start, max_positions - 1, start, start, 1, 0, 0]
+        # A free row: the first generation id at the scratch position, drawing a forced id (see _enqueue()).
+        free_ints, self._free_floats = draw_columns(((start, start), SamplingParams(1.0, 1, 1.0), 0, 0))
+        self._free_row = [start, max_positions - 1, *free_ints]
         self.slots, self.max_positions, self.full_length = slots, max_positions, full_length
         device, dtype = model.device, model.dtype
         self.device = device
@@ -156,12 +157,9 @@ class StaticDecoder:
         # The step's inputs, uploaded with one copy per dtype: columns of [slots, 7] int64 (id, position, then
         # sample_rows' lo, hi, top_k, seed, step) and [slots, 2] float32 (temperature, top_p).
         self._long = torch.tensor([self._free_row] * slots, dtype=torch.long, device=device)
-        self._float = torch.ones(slots, 2, dtype=torch.float32, device=device)
+        self._float = torch.tensor([self._free_floats] * slots, dtype=torch.float32, device=device)
         self.ids, self.positions = self._long[:, 0], self._long[:, 1]
-        self.draws = RowSampling(
-            lo=self._long[:, 2], hi=self._long[:, 3], top_k=self._long[:, 4], seed=self._long[:, 5],
-            step=self._long[:, 6], temperature=self._float[:, 0], top_p=self._float[:, 1],
-        )
+        self.draws = RowSampling.from_columns(self._long[:, 2:], self._float)
         self._rows = torch.arange(slots, device=device)
         self._free = list(range(slots))
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
@@ -295,10 +293,10 @@ class StaticDecoder:
         # longest prompt + grid), so their K/V writes never land on a real stream's positions; they draw a
         # forced id.
         long_rows = [self._free_row] * rows
-        float_rows = [[1.0, 1.0]] * rows
-        for slot, token, position, ((lo, hi), params, seed, step) in zip(slots, ids, positions, draws):
-            long_rows[slot] = [token, position, lo, hi, params.top_k, seed % 2**63, step]
-            float_rows[slot] = [params.temperature, params.top_p]
+        float_rows = [self._free_floats] * rows
+        for slot, token, position, draw in zip(slots, ids, positions, draws):
+            ints, float_rows[slot] = draw_columns(draw)
+            long_rows[slot] = [token, position, *ints]
         self._long[:rows].copy_(torch.tensor(long_rows, dtype=torch.long))
         self._float[:rows].copy_(torch.tensor(float_rows, dtype=torch.float32))
         if self.cuda_graphs:
