@@ -234,6 +234,7 @@ class AREngine:
         fast_decode: bool = False,
         compile_decode: bool = False,
         compile_decode_mode: str = "default",
+        decode_kernels: str = "torch",
         decode_lookahead: bool = False,
         deterministic: bool = False,
         profiler: BusyProfiler | None = None,
@@ -268,12 +269,13 @@ class AREngine:
         if decoder is None and fast_decode:
             static = StaticDecoder(
                 loaded.model, max_batch_size, self.max_positions(), compile=compile_decode, full_length=deterministic,
-                compile_mode=compile_decode_mode,
+                compile_mode=compile_decode_mode, kernels=decode_kernels,
             )
             log.info(
-                "fast decode: %d slots x %d positions (%.2f GiB of K/V), %s%s", max_batch_size, static.max_positions,
-                (static.k.numel() + static.v.numel()) * static.k.element_size() / 2**30,
-                "CUDA graphs" if static.cuda_graphs else "no CUDA graphs", ", compiled" if compile_decode else "",
+                "fast decode: %d slots x %d positions (%.2f GiB of K/V), %s kernels, %s%s", max_batch_size,
+                static.max_positions, (static.k.numel() + static.v.numel()) * static.k.element_size() / 2**30,
+                decode_kernels, "CUDA graphs" if static.cuda_graphs else "no CUDA graphs",
+                ", compiled" if compile_decode else "",
             )
             started = time.perf_counter()
             default = grid_for_size(self.serving.default_width, self.serving.default_height, self.pixels_per_token)

@@ -84,8 +84,9 @@ def gumbel_noise(seed: torch.Tensor, step: torch.Tensor, ids: torch.Tensor) -> t
     return -torch.log(-torch.log(u))
 
 
-def sample_rows(logits: torch.Tensor, offset: int, rows: RowSampling) -> torch.Tensor:
-    """One id per row of ``logits`` [B, V] (column j is id ``offset + j``): int64 [B], absolute ids.
+def sample_rows(logits: torch.Tensor, offset: int, rows: RowSampling, noise=gumbel_noise) -> torch.Tensor:
+    """One id per row of ``logits`` [B, V] (column j is id ``offset + j``): int64 [B], absolute ids. ``noise``:
+    ``gumbel_noise`` or a compiled copy of it (the fast decode step fuses its ~50 integer ops into one kernel).
 
     Filters as the reference samplers do: the allowed range, then temperature, top-k, then top-p over what
     top-k kept (the best token always stays). Only tensor ops with fixed shapes: capturable in a CUDA graph.
@@ -105,7 +106,7 @@ def sample_rows(logits: torch.Tensor, offset: int, rows: RowSampling) -> torch.T
     # Drop a token when the tokens ranked above it already reach top_p; the best one always stays.
     drop = (probs.cumsum(dim=-1) - probs >= rows.top_p[:, None]) & (rank > 0)
     ordered = ordered.masked_fill(drop, float("-inf"))
-    noise = gumbel_noise(rows.seed, rows.step, ids).gather(1, order)
+    noise = noise(rows.seed, rows.step, ids).gather(1, order)
     noisy = torch.where(greedy[:, None], ordered, ordered + noise)
     pick = noisy.argmax(dim=-1, keepdim=True)
     return order.gather(1, pick).squeeze(1) + offset

@@ -52,8 +52,17 @@ class ARSettings(ModelServiceSettings):
         "in CUDA graphs on CUDA (auto: on for CUDA, off on CPU); with deterministic, every step attends over the "
         "whole cache (batch-invariant to the bit, slower)",
     )
+    decode_kernels: Literal["auto", "triton", "torch"] = Field(
+        "auto",
+        description="with fast_decode: the decode step's kernels. triton: ardit's own (RMSNorm, bias, SwiGLU and "
+        "residuals folded into the weight reads; attention over each row's own length, so one CUDA graph per row "
+        "count); torch: cuBLAS and torch's kernels, one CUDA graph per row count and length bucket (auto: triton on "
+        "CUDA when the triton package imports, else torch)",
+    )
     compile_decode: bool = Field(
-        True, description="with fast_decode on CUDA: fuse each layer's elementwise work with torch.compile (slower start)"
+        True,
+        description="with fast_decode on CUDA: fuse the sampler's noise and, with decode_kernels torch, each layer's "
+        "elementwise work with torch.compile (slower start)",
     )
     compile_decode_mode: Literal["default", "max-autotune-no-cudagraphs"] = Field(
         "default",

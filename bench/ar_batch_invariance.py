@@ -69,9 +69,9 @@ def main() -> None:
         if name == "eager":
             return EagerDecoder(model, p)
         static = StaticDecoder(
-            model, p, max_positions, compile="compile" in name or "deterministic" in name or "autotune" in name,
+            model, p, max_positions, compile="compile" in name or "deterministic" in name or "autotune" in name or "triton" in name,
             compile_mode="max-autotune-no-cudagraphs" if "autotune" in name else "default",
-            full_length="deterministic" in name,
+            full_length="deterministic" in name, kernels="triton" if "triton" in name else "torch",
         )
         static.lookahead = "lookahead" in name
         return SlotDecoder(static)

@@ -82,14 +82,17 @@ class InProcessPipeline:
             self.decoder, self.decoder_name = None, "eager"
             return
         from ar_service.generation import SlotDecoder
-        from ar_service.model.static_decode import StaticDecoder
+        from ar_service.model.static_decode import StaticDecoder, resolve_decode_kernels
 
         cuda = self.device.type == "cuda"
         from ar_service.settings import ARSettings
 
-        slots = ARSettings.model_fields["max_batch_size"].default
-        static = StaticDecoder(self.ar.model, slots, max_positions, cuda_graphs=cuda, compile=cuda)
-        self.decoder, self.decoder_name = SlotDecoder(static), "fast" + (" (CUDA graphs, compiled)" if cuda else "")
+        fields = ARSettings.model_fields
+        slots = fields["max_batch_size"].default
+        kernels = resolve_decode_kernels(fields["decode_kernels"].default, self.device, slots)
+        static = StaticDecoder(self.ar.model, slots, max_positions, cuda_graphs=cuda, compile=cuda, kernels=kernels)
+        self.decoder = SlotDecoder(static)
+        self.decoder_name = f"fast ({kernels} kernels" + (", CUDA graphs, compiled)" if cuda else ")")
 
     def max_positions(self, prompt: str, sizes: list[int]) -> int:
         """Prompt + grid positions of the longest of these requests."""

@@ -1,12 +1,15 @@
-"""The AR's fast decode step: fixed slots, a preallocated K/V cache, and on CUDA one captured graph per length bucket.
+"""The AR's fast decode step: fixed slots, a preallocated K/V cache, and on CUDA one captured graph per shape.
 
 Why: an eager decode token of a 7B-class decoder launches ~1,000 small kernels, and their launch cost, not the
 weights' memory traffic, sets the pace (66.9 ms per token measured on an H200, against a ~3 ms bandwidth bound).
 Here every shape is fixed: ``slots`` rows (a stream keeps its slot from prefill to its last token; free slots
-compute padding), K/V written in place at each row's position, attention over the first ``bucket`` cached
-positions with a per-row mask. A step is then a fixed sequence of kernels, captured once per bucket in a
-``torch.cuda.CUDAGraph`` and replayed for a few microseconds of CPU time. Optionally the per-layer elementwise
-work (RMSNorm, RoPE, SwiGLU, residuals) is fused by ``torch.compile`` around cuBLAS's matmuls.
+compute padding), K/V written in place at each row's position. A step is then a fixed sequence of kernels,
+captured once in a ``torch.cuda.CUDAGraph`` and replayed for a few microseconds of CPU time.
+
+Two kernel sets run the layers. "triton" (``decode_kernels``): seven launches per layer, the small work folded
+into the weight reads, attention over each row's own length read on the device, so one graph per row count.
+"torch": cuBLAS matmuls, optionally with the elementwise work fused by ``torch.compile``, attention over the
+first ``bucket`` cached positions with a per-row mask, so one graph per row count and length bucket.
 
 Every decode token of a T2I request is a generation-vocabulary id, so the step takes the generation path of
 every layer (expert weights where the layer has them) and computes only ``gen_head``'s logits: the sampler's
@@ -17,9 +20,10 @@ download of the drawn ids.
 
 The numbers match ``MammothModa2AR.decode`` up to floating-point reordering (tests compare them). A step runs
 only as many rows as the highest slot in use needs (1, 2, 4, 8, ...): a lone stream does not pay for seven
-padding rows. Matmul kernels may round differently for another row count, so in this default mode an image
-can change (slightly) with its batch-mates. With ``full_length`` every step runs all slots and attends over the
-whole cache: no shape depends on the batch-mates and a stream's result is batch-invariant to the bit.
+padding rows. With the torch kernels, matmuls may round differently for another row count, so an image can
+change (slightly) with its batch-mates; the triton kernels compute each row on its own. With ``full_length``
+every step runs all slots (and the torch kernels attend over the whole cache): no shape depends on the
+batch-mates and a stream's result is batch-invariant to the bit.
 """
 
 from __future__ import annotations
@@ -31,8 +35,9 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ar_service.model import decode_kernels
 from ar_service.model.modeling import KVCache, MammothModa2AR
-from ar_service.sampling import RowSampling, SamplingParams, draw_columns, sample_rows
+from ar_service.sampling import RowSampling, SamplingParams, draw_columns, gumbel_noise, sample_rows
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +52,15 @@ def bucket_for(positions: int) -> int:
         return MIN_BUCKET
     quantum = max(MIN_BUCKET // 4, 1 << (positions.bit_length() - 3))
     return quantum * math.ceil(positions / quantum)
+
+
+def resolve_decode_kernels(setting: str, device: torch.device, slots: int) -> str:
+    """The ``decode_kernels`` setting made concrete: auto is triton on CUDA when triton imports and the slots fit
+    one launch (``decode_kernels.MAX_ROWS``), else torch."""
+    if setting != "auto":
+        return setting
+    usable = device.type == "cuda" and decode_kernels.available and slots <= decode_kernels.MAX_ROWS
+    return "triton" if usable else "torch"
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -133,12 +147,24 @@ class StaticDecoder:
         compile: bool = False,
         full_length: bool = False,
         compile_mode: str = "default",
+        kernels: str = "torch",
     ) -> None:
         """``compile_mode``: torch.compile's mode for the layer bodies, e.g. "max-autotune-no-cudagraphs" (Inductor
-        then times its own matmul kernels against cuBLAS for each shape: slower start)."""
+        then times its own matmul kernels against cuBLAS for each shape: slower start). ``kernels``: "torch"
+        (cuBLAS and torch's kernels, optionally compiled) or "triton" (``decode_kernels``: seven launches per
+        layer, attention over each row's own length, hence no length buckets)."""
         config = model.config
         if slots < 1 or max_positions < 2:
             raise ValueError("StaticDecoder needs at least one slot and two positions")
+        if kernels not in ("torch", "triton"):
+            raise ValueError(f"kernels must be 'torch' or 'triton', not {kernels!r}")
+        if kernels == "triton" and not decode_kernels.available:
+            raise ValueError("kernels='triton' needs the triton package")
+        if kernels == "triton" and model.device.type != "cuda" and not decode_kernels.interpreting:
+            raise ValueError("kernels='triton' needs a CUDA device")
+        if kernels == "triton" and slots > decode_kernels.MAX_ROWS:
+            raise ValueError(f"kernels='triton' takes at most {decode_kernels.MAX_ROWS} slots")
+        self.kernels = kernels
         self.model, self.config = model, config
         start = config.gen_vocab_start_index
         # A free row: the first generation id at the scratch position, drawing a forced id (see _enqueue()).
@@ -180,9 +206,11 @@ class StaticDecoder:
         """The per-layer functions: plain, or fused by torch.compile (attention with a dynamic bucket length)."""
         self.compiled = compile
         self._pre, self._attend, self._post = _pre_attention, _attend, _post_attention
-        # The sampler is not compiled: Inductor (torch 2.11) fails on its int64 scan/argmax reductions
-        # ("NYI TritonSplitDimKernel reductions"); it runs unfused inside the graph.
+        self._noise = gumbel_noise
+        # Of the sampler only the noise (integer hashing, elementwise) is compiled: Inductor (torch 2.11) fails on
+        # its sort/scan/argmax ("NYI TritonSplitDimKernel reductions"); those run unfused inside the graph.
         if compile:
+            self._noise = torch.compile(gumbel_noise, dynamic=False, fullgraph=True)
             mode = self.compile_mode
             self._pre = torch.compile(_pre_attention, dynamic=False, fullgraph=True, mode=mode)
             self._attend = torch.compile(_attend, dynamic=True, fullgraph=True)
@@ -319,6 +347,8 @@ class StaticDecoder:
         if self.full_length:
             return self.max_positions, self.slots
         rows = min(self.slots, 1 << max(slots).bit_length())
+        if self.kernels == "triton":  # attention reads each row's length on the device: one shape per row count
+            return self.max_positions, rows
         return min(self.max_positions, bucket_for(max(positions) + 1)), rows
 
     def warm_up(self, positions: int) -> int:
@@ -340,6 +370,8 @@ class StaticDecoder:
         if self.full_length:
             return [(self.max_positions, self.slots)]
         counts = sorted({min(self.slots, 1 << n) for n in range(self.slots.bit_length() + 1)})
+        if self.kernels == "triton":
+            return [(self.max_positions, rows) for rows in counts]
         buckets, n = [], 1
         while n <= min(positions, self.max_positions):
             b = min(self.max_positions, bucket_for(n))
@@ -390,6 +422,25 @@ class StaticDecoder:
         log.info("captured the decode step for %d rows x %d positions (%d graphs)", rows, bucket, len(self._graphs))
         return self._graphs[(bucket, rows)]
 
+    def _torch_layer(self, i, weights, x, cos, sin, positions, rows, bucket, scale, workspace):
+        n1, e1, qkv_w, qkv_b, ow, n2, e2, gate_up_w, dw = weights
+        config, p = self.config, x.shape[0]
+        q, k, v = self._pre(x, n1, e1, qkv_w, qkv_b, cos, sin, config.num_attention_heads, config.num_key_value_heads)
+        self.k[i][rows, :, positions] = k
+        self.v[i][rows, :, positions] = v
+        attn = self._attend(q, self.k[i, :p, :, :bucket], self.v[i, :p, :, :bucket], positions, scale)
+        return self._post(x, attn, ow, n2, e2, gate_up_w, dw)
+
+    def _triton_layer(self, i, weights, x, cos, sin, positions, rows, bucket, scale, workspace):
+        n1, e1, qkv_w, qkv_b, ow, n2, e2, gate_up_w, dw = weights
+        config, kernels = self.config, decode_kernels
+        qkv = kernels.linear(x, qkv_w, bias=qkv_b, norm=(n1, e1))
+        q = kernels.rope_write(qkv, cos, sin, positions, rows, self.k[i], self.v[i],
+                               config.num_attention_heads, config.num_key_value_heads)
+        attn = kernels.attention(q, self.k[i], self.v[i], positions, rows, scale, workspace, self.max_positions - 1)
+        x = kernels.linear(attn, ow, residual=x)
+        return kernels.linear(kernels.linear(x, gate_up_w, norm=(n2, e2), swiglu=True), dw, residual=x)
+
     def _forward(self, bucket: int, p: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The step over the first ``p`` rows: (drawn ids [p], condition hidden states [p, H])."""
         config, text = self.config, self.text
@@ -404,20 +455,28 @@ class StaticDecoder:
         n = len(text.layers)
         wanted = None if keep is None else {i % (n + 1) for i in keep}
         kept: dict[int, torch.Tensor] = {}
-        for i, (n1, e1, qkv_w, qkv_b, ow, n2, e2, gate_up_w, dw) in enumerate(self._layer_weights):
+        layer = self._triton_layer if self.kernels == "triton" else self._torch_layer
+        if self.kernels == "triton":  # the kernels read contiguous rows
+            cos, sin, positions = cos[:, 0], sin[:, 0], positions.contiguous()
+            workspace = decode_kernels.attention_workspace(p, kv_heads, heads // kv_heads, head_dim, self.device)
+        else:
+            workspace = None
+        for i, weights in enumerate(self._layer_weights):
             if wanted is not None and i in wanted:
                 kept[i] = x
-            q, k, v = self._pre(x, n1, e1, qkv_w, qkv_b, cos, sin, heads, kv_heads)
-            self.k[i][rows, :, positions] = k
-            self.v[i][rows, :, positions] = v
-            attn = self._attend(q, self.k[i, :p, :, :bucket], self.v[i, :p, :, :bucket], positions, scale)
-            x = self._post(x, attn, ow, n2, e2, gate_up_w, dw)
-        final = _rms_norm(x, text.norm.weight, text.norm.eps)
+            x = layer(i, weights, x, cos, sin, positions, rows, bucket, scale, workspace)
+        if self.kernels == "triton":
+            final = decode_kernels.rms_norm(x, text.norm.weight, text.norm.eps)
+        else:
+            final = _rms_norm(x, text.norm.weight, text.norm.eps)
         if keep is None:
             hidden = final
         else:
             kept[n] = final
             hidden = torch.stack([kept[i % (n + 1)] for i in keep], dim=0).mean(dim=0)
-        logits = self.model.gen_head(final)
+        if self.kernels == "triton":
+            logits = decode_kernels.linear(final, self.model.gen_head.weight)
+        else:
+            logits = self.model.gen_head(final)
         draws = RowSampling(*(getattr(self.draws, f)[:p] for f in RowSampling.__dataclass_fields__))
-        return sample_rows(logits, config.gen_vocab_start_index, draws), hidden
+        return sample_rows(logits, config.gen_vocab_start_index, draws, self._noise), hidden

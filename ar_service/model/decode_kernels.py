@@ -1,0 +1,335 @@
+"""Triton kernels for the AR's decode step: few launches, each row computed on its own.
+
+Why: at one to eight rows a decode step is a read of every weight once (13.3 GB for Preview), and the rest of
+the step is the cost of launching and draining several hundred small kernels. These kernels fold the small
+work into the reads: a linear layer's RMSNorm is gathered in its weight loop (each program sums the row's
+squares as it goes, a few KB read from cache, and scales its result), bias, SwiGLU and residual additions run
+in its epilogue, RoPE and the K/V cache write are one kernel, and attention reads each row's own length from
+the device (no length buckets, so one CUDA graph per row count). A layer is seven launches.
+
+Every row is computed independently of the others and with a block configuration that depends only on the
+weight's shape, never on the row count: a row's result does not change with its batch-mates (bit for bit).
+
+Numerics follow the eager model's roundings where they are cheap to follow (bf16 after each linear, after the
+SwiGLU's activation, after each residual addition); reductions run in float32 in another order than cuBLAS's,
+and a folded RMSNorm scales after the product rather than before it, so results agree with the eager model to
+rounding, not to the bit.
+
+Triton is optional: ``available`` says whether it imported. With ``TRITON_INTERPRET=1`` set before this module
+is imported, the kernels run on CPU tensors (slowly), which is how the tests check them without a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU installs: the decode step then uses torch's kernels
+    triton = tl = None
+
+available = triton is not None
+#: Triton's interpreter (TRITON_INTERPRET=1 when this module was imported): the kernels take CPU tensors.
+interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+
+#: Row capacity of one launch: tl.dot needs 16 rows; fewer rows are masked (their reads cost nothing).
+MAX_ROWS = 16
+#: Fixed split of each row's cached positions across programs in attention (flash-decoding): enough programs to
+#: fill the GPU at one row, and fixed so that a row's reduction order depends only on its own length.
+ATTENTION_SPLITS = 32
+
+
+def linear_blocks(n: int, k: int, swiglu: bool = False) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, warps, stages) for an [n, k] weight: a function of the weight's shape only (batch
+    invariance). From ``bench/decode_profile.py --tune`` on an H200 with Preview's shapes: narrow weights
+    (o, down: 3,584 outputs) need narrower blocks to give every SM work; wide ones stream best in 64-row blocks;
+    a SwiGLU program reads a gate block and an up block. A GPU with less shared memory gets fewer stages (see
+    ``linear``)."""
+    if swiglu:
+        return 32, 512, 4, 5
+    if n > 4096:
+        return 64, 256, 4, 5
+    return (32, 256, 4, 5) if k <= 4096 else (32, 512, 4, 4)
+
+
+#: Stages that fit this GPU's shared memory, by launch configuration: found once per process by lowering the
+#: stage count until the kernel compiles, so a configuration never changes with the rows in a batch.
+_fitting_stages: dict[tuple, int] = {}
+
+
+if available:
+
+    @triton.jit
+    def _linear_kernel(
+        x_ptr, w_ptr, out_ptr, bias_ptr, res_ptr, norm_ptr,
+        M, N, K, stride_x, stride_w, stride_out, stride_res, eps,
+        NORM: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):
+        """out[:M, n] = f(norm(x) @ W[n]^T): N output columns per row; with SWIGLU, W holds N gate rows then N up
+        rows and out = silu(gate) * up."""
+        dtype = out_ptr.dtype.element_ty
+        rm = tl.arange(0, BLOCK_M)
+        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        m_ok = rm < M
+        n_ok = rn < N
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        # RMSNorm folded in: norm(x) @ W^T = rstd * ((x * norm_weight) @ W^T) per row, with the row's sum of
+        # squares gathered in the same pass over x (no separate pass before the weights start streaming).
+        squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + rk
+            k_ok = kk < K
+            x = tl.load(x_ptr + rm[:, None] * stride_x + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            if NORM:
+                xf = x.to(tl.float32)
+                squares += tl.sum(xf * xf, axis=1)
+                x = x * tl.load(norm_ptr + kk, mask=k_ok, other=0.0)[None, :]
+            w = tl.load(w_ptr + rn[:, None] * stride_w + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            acc = tl.dot(x, tl.trans(w), acc)
+            if SWIGLU:
+                w_up = tl.load(w_ptr + (rn + N)[:, None] * stride_w + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+                acc_up = tl.dot(x, tl.trans(w_up), acc_up)
+        if NORM:
+            rstd = 1.0 / tl.sqrt(squares / K + eps)
+            acc = acc * rstd[:, None]
+            acc_up = acc_up * rstd[:, None]
+        if BIAS:
+            acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        out = acc.to(dtype)
+        if SWIGLU:
+            gate = out.to(tl.float32)
+            out = (gate / (1.0 + tl.exp(-gate))).to(dtype) * acc_up.to(dtype)
+        mask = m_ok[:, None] & n_ok[None, :]
+        if RESIDUAL:
+            res = tl.load(res_ptr + rm[:, None] * stride_res + rn[None, :], mask=mask, other=0.0)
+            out = (out.to(tl.float32) + res.to(tl.float32)).to(dtype)
+        tl.store(out_ptr + rm[:, None] * stride_out + rn[None, :], out, mask=mask)
+
+    @triton.jit
+    def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, K, stride_x, stride_out, eps, BLOCK_K: tl.constexpr):
+        """weight * (x / rms(x)) of one row, rounded as the eager model rounds (normalised row to bf16 first)."""
+        r = tl.program_id(0)
+        k = tl.arange(0, BLOCK_K)
+        ok = k < K
+        x = tl.load(x_ptr + r * stride_x + k, mask=ok, other=0.0)
+        xf = x.to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / K + eps)
+        weight = tl.load(w_ptr + k, mask=ok, other=0.0)
+        tl.store(out_ptr + r * stride_out + k, (xf * rstd).to(x.dtype) * weight, mask=ok)
+
+    @triton.jit
+    def _rope_write_kernel(
+        qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr,
+        stride_qkv, stride_cs, stride_q, stride_slot, stride_head, stride_pos,
+        HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HALF: tl.constexpr,
+    ):
+        """Rotates row r's head h of the fused q/k/v output; q heads go to ``q``, k and v heads into the cache at the
+        row's position (v unrotated)."""
+        r = tl.program_id(0)
+        h = tl.program_id(1)
+        d = tl.arange(0, HALF)
+        src = qkv_ptr + r * stride_qkv + h * 2 * HALF
+        x1 = tl.load(src + d)
+        x2 = tl.load(src + HALF + d)
+        position = tl.load(pos_ptr + r)
+        slot = tl.load(slot_ptr + r)
+        cache = slot * stride_slot + position * stride_pos
+        if h < HEADS + KV_HEADS:
+            cos1 = tl.load(cos_ptr + r * stride_cs + d)
+            cos2 = tl.load(cos_ptr + r * stride_cs + HALF + d)
+            sin1 = tl.load(sin_ptr + r * stride_cs + d)
+            sin2 = tl.load(sin_ptr + r * stride_cs + HALF + d)
+            # x * cos + rotate_half(x) * sin, rounded after each operation as the eager model's bf16 ops are
+            y1 = (x1 * cos1).to(x1.dtype) + (-x2 * sin1).to(x1.dtype)
+            y2 = (x2 * cos2).to(x1.dtype) + (x1 * sin2).to(x1.dtype)
+            if h < HEADS:
+                dst = q_ptr + r * stride_q + h * 2 * HALF
+            else:
+                dst = k_ptr + cache + (h - HEADS) * stride_head
+            tl.store(dst + d, y1.to(x1.dtype))
+            tl.store(dst + HALF + d, y2.to(x1.dtype))
+        else:
+            dst = v_ptr + cache + (h - HEADS - KV_HEADS) * stride_head
+            tl.store(dst + d, x1)
+            tl.store(dst + HALF + d, x2)
+
+    @triton.jit
+    def _attention_split_kernel(
+        q_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, acc_ptr, stats_ptr,
+        stride_q, stride_slot, stride_head, stride_pos, scale, free_position,
+        GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_P: tl.constexpr, SPLITS: tl.constexpr,
+    ):
+        """Partial attention of the q heads sharing kv head ``kvh`` over one split of the row's positions
+        [0, position]: unnormalised output, running max and sum (flash-decoding)."""
+        r = tl.program_id(0)
+        kvh = tl.program_id(1)
+        split = tl.program_id(2)
+        kv_heads = tl.num_programs(1)
+        position = tl.load(pos_ptr + r)
+        length = tl.where(position >= free_position, 1, position + 1)  # a free row reads one position
+        slot = tl.load(slot_ptr + r)
+        chunk = tl.cdiv(length, SPLITS)
+        start = split * chunk
+        end = tl.minimum(start + chunk, length)
+        g = tl.arange(0, BLOCK_G)
+        d = tl.arange(0, D)
+        q = tl.load(q_ptr + r * stride_q + (kvh * GROUP + g)[:, None] * D + d[None, :], mask=(g < GROUP)[:, None], other=0.0)
+        base = slot * stride_slot + kvh * stride_head
+        m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_G, D], dtype=tl.float32)
+        for p0 in range(start, end, BLOCK_P):
+            p = p0 + tl.arange(0, BLOCK_P)
+            p_ok = p < end
+            k = tl.load(k_ptr + base + p[:, None] * stride_pos + d[None, :], mask=p_ok[:, None], other=0.0)
+            v = tl.load(v_ptr + base + p[:, None] * stride_pos + d[None, :], mask=p_ok[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k)) * scale
+            s = tl.where(p_ok[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp(m_i - m_new)
+            probs = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(probs, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(probs.to(v.dtype), v)
+            m_i = m_new
+        part = (r * kv_heads + kvh) * SPLITS + split
+        tl.store(acc_ptr + part * BLOCK_G * D + g[:, None] * D + d[None, :], acc)
+        tl.store(stats_ptr + part * 2 * BLOCK_G + g, m_i)
+        tl.store(stats_ptr + part * 2 * BLOCK_G + BLOCK_G + g, l_i)
+
+    @triton.jit
+    def _attention_combine_kernel(
+        acc_ptr, stats_ptr, out_ptr, stride_out,
+        GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
+    ):
+        """Joins the splits of row r's q head h into its attention output (bf16)."""
+        r = tl.program_id(0)
+        h = tl.program_id(1)
+        kv_heads = tl.num_programs(1) // GROUP
+        kvh = h // GROUP
+        gi = h % GROUP
+        s = tl.arange(0, SPLITS)
+        d = tl.arange(0, D)
+        part = (r * kv_heads + kvh) * SPLITS + s
+        m = tl.load(stats_ptr + part * 2 * BLOCK_G + gi)
+        l = tl.load(stats_ptr + part * 2 * BLOCK_G + BLOCK_G + gi)
+        top = tl.max(m, axis=0)
+        weight = tl.where(m > float("-inf"), tl.exp(m - top), 0.0)
+        acc = tl.load(acc_ptr + (part * BLOCK_G + gi)[:, None] * D + d[None, :])
+        out = tl.sum(acc * weight[:, None], axis=0) / tl.sum(l * weight, axis=0)
+        tl.store(out_ptr + r * stride_out + h * D + d, out.to(out_ptr.dtype.element_ty))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of each row of ``x`` [M, K], one program per row (a row's result never depends on the others)."""
+    m, k = x.shape
+    out = torch.empty_like(x)
+    _rms_norm_kernel[(m,)](x, weight, out, k, x.stride(0), out.stride(0), eps, BLOCK_K=triton.next_power_of_2(k),
+                           num_warps=8)
+    return out
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    norm: tuple[torch.Tensor, float] | None = None,
+    residual: torch.Tensor | None = None,
+    swiglu: bool = False,
+    out: torch.Tensor | None = None,
+    blocks: tuple[int, int, int, int] | None = None,
+) -> torch.Tensor:
+    """``x`` [M, K] (M <= 16) through an [N, K] weight with the folded extras: ``norm`` (RMSNorm weight, eps) on the
+    input, ``bias``, ``swiglu`` (weight = gate rows then up rows: the result is silu(gate) * up, N/2 wide) and
+    ``residual`` added to the result. ``blocks`` overrides ``linear_blocks`` (for tuning)."""
+    m, k = x.shape
+    n = weight.shape[0] // 2 if swiglu else weight.shape[0]
+    if m > MAX_ROWS or weight.shape[1] != k:
+        raise ValueError(f"linear takes at most {MAX_ROWS} rows of width {weight.shape[1]}, got {tuple(x.shape)}")
+    if out is None:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    block_n, block_k, warps, stages = blocks or linear_blocks(weight.shape[0], k, swiglu)
+    norm_w, eps = norm if norm is not None else (x, 0.0)
+    flags = dict(NORM=norm is not None, BIAS=bias is not None, RESIDUAL=residual is not None, SWIGLU=swiglu)
+    key = (x.device, x.dtype, block_n, block_k, warps, stages, *flags.values())
+    stages = _fitting_stages.get(key, stages)
+    while True:
+        try:
+            _linear_kernel[(triton.cdiv(n, block_n),)](
+                x, weight, out, bias if bias is not None else x, residual if residual is not None else x, norm_w,
+                m, n, k, x.stride(0), weight.stride(0), out.stride(0),
+                residual.stride(0) if residual is not None else 0, eps,
+                **flags, BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
+            )
+        except triton.runtime.errors.OutOfResources:
+            if stages <= 1:
+                raise
+            stages -= 1
+            continue
+        _fitting_stages[key] = stages
+        return out
+
+
+def rope_write(
+    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int, kv_heads: int,
+) -> torch.Tensor:
+    """RoPE on the fused q/k/v rows [P, (heads + 2 kv_heads) D]; writes k and v into ``k_cache``/``v_cache``
+    [slots, kv_heads, positions, D] at each row's slot and position; returns q [P, heads, D]."""
+    p = qkv.shape[0]
+    d = cos.shape[-1]
+    _rows_contiguous(positions, slots)
+    q = torch.empty((p, heads, d), dtype=qkv.dtype, device=qkv.device)
+    _rope_write_kernel[(p, heads + 2 * kv_heads)](
+        qkv, cos, sin, positions, slots, q, k_cache, v_cache,
+        qkv.stride(0), cos.stride(0), q.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        HEADS=heads, KV_HEADS=kv_heads, HALF=d // 2, num_warps=1,
+    )
+    return q
+
+
+def attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+    scale: float, workspace: tuple[torch.Tensor, torch.Tensor] | None = None, free_position: int | None = None,
+) -> torch.Tensor:
+    """Each row's q [P, heads, D] over its slot's cached positions [0, position]: [P, heads * D]. Rows at
+    ``free_position`` or beyond (padding rows, whose output nobody reads) attend to one position only."""
+    p, heads, d = q.shape
+    kv_heads = k_cache.shape[1]
+    _rows_contiguous(positions, slots)
+    group = heads // kv_heads
+    block_g = max(16, triton.next_power_of_2(group))
+    if workspace is None:
+        workspace = attention_workspace(p, kv_heads, group, d, q.device)
+    acc, stats = workspace
+    _attention_split_kernel[(p, kv_heads, ATTENTION_SPLITS)](
+        q, k_cache, v_cache, positions, slots, acc, stats,
+        q.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale,
+        k_cache.shape[2] if free_position is None else free_position,
+        GROUP=group, BLOCK_G=block_g, D=d, BLOCK_P=64, SPLITS=ATTENTION_SPLITS, num_warps=4, num_stages=2,
+    )
+    out = torch.empty((p, heads * d), dtype=q.dtype, device=q.device)
+    _attention_combine_kernel[(p, heads)](
+        acc, stats, out, out.stride(0), GROUP=group, BLOCK_G=block_g, D=d, SPLITS=ATTENTION_SPLITS, num_warps=1,
+    )
+    return out
+
+
+def attention_workspace(rows: int, kv_heads: int, group: int, d: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scratch for ``attention``'s partial results (float32), reusable across layers of one step."""
+    block_g = max(16, triton.next_power_of_2(group))
+    parts = rows * kv_heads * ATTENTION_SPLITS
+    return (torch.empty((parts, block_g, d), dtype=torch.float32, device=device),
+            torch.empty((parts, 2, block_g), dtype=torch.float32, device=device))
+
+
+def _rows_contiguous(*vectors: torch.Tensor) -> None:
+    """The kernels index per-row vectors as plain arrays."""
+    if any(v.shape[0] > 1 and v.stride(0) != 1 for v in vectors):
+        raise ValueError("positions and slots must be contiguous vectors")

@@ -1,0 +1,202 @@
+"""Where an AR decode step's time goes, and what each kernel choice costs (a GPU is advised).
+
+    python -m bench.decode_profile [--preview] [--rows 1,8] [--positions 700,4200] [--tune] [--out FILE]
+
+For the "torch" kernels (cuBLAS, torch.compile'd layer bodies, length buckets) and the "triton" kernels
+(``ar_service/model/decode_kernels.py``) it reports: the replay time of one captured step for each row count
+and cached length; the time of the step's linear layers alone (every layer's weights once, in a graph) with
+cuBLAS and with the Triton kernel, as bytes read / time against the measured copy bandwidth; the sampler alone;
+and the heaviest kernels of one step (torch.profiler). ``--tune`` times a grid of block shapes of the Triton
+linear kernel for each weight shape. Prints one JSON object (and writes it to --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ar_service.model import decode_kernels
+from ar_service.model.loading import load_ar
+from ar_service.model.static_decode import StaticDecoder
+from ar_service.model.tiny import write_ar_only_root
+from ar_service.sampling import RowSampling, SamplingParams, sample_rows
+from bench.bounds import copy_bandwidth
+
+
+def graph_ms(fn, repeats: int = 20) -> float:
+    """Mean time of ``fn`` captured once in a CUDA graph and replayed ``repeats`` times."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / repeats
+
+
+def set_rows(static: StaticDecoder, rows: int, position: int) -> None:
+    start = static.config.gen_vocab_start_index
+    static._long[:rows, 0] = start + 7
+    static._long[:rows, 1] = position
+
+
+def step_ms(static: StaticDecoder, rows: int, position: int) -> float:
+    set_rows(static, rows, position)
+    bucket, _ = static.shape_for(list(range(rows)), [position] * rows)
+    graph, _, _ = static._capture(bucket, rows)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(50):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 50
+
+
+def linear_calls(static: StaticDecoder, rows: int) -> dict[str, list]:
+    """The step's linear layers as the Triton step calls them, by role: (weight, keyword extras) for every layer's
+    fused q/k/v (with RMSNorm and bias), o (with residual), fused gate/up (with RMSNorm and SwiGLU), down (with
+    residual); the generation head."""
+    model = static.model
+    hidden, inner = model.config.hidden_size, static._layer_weights[0][8].shape[1]
+    x = torch.randn(rows, hidden, device=static.device, dtype=model.dtype)
+    calls: dict[str, list] = {"qkv": [], "o": [], "gate_up": [], "down": []}
+    for n1, e1, qkv_w, qkv_b, ow, n2, e2, gate_up_w, dw in static._layer_weights:
+        calls["qkv"].append((x, qkv_w, {"bias": qkv_b, "norm": (n1, e1)}))
+        calls["o"].append((x, ow, {"residual": x}))
+        calls["gate_up"].append((x, gate_up_w, {"norm": (n2, e2), "swiglu": True}))
+        calls["down"].append((torch.randn(rows, inner, device=x.device, dtype=x.dtype), dw, {"residual": x}))
+    calls["gen_head"] = [(x, model.gen_head.weight, {})]
+    return calls
+
+
+def calls_bytes(calls: dict[str, list]) -> int:
+    return sum(w.numel() * w.element_size() for group in calls.values() for _, w, _ in group)
+
+
+def linears_ms(calls: dict[str, list], kind: str, blocks=None) -> float:
+    """All ``calls`` in one graph: plain cuBLAS linears, or the Triton kernel with the step's extras folded in."""
+    group = [c for cs in calls.values() for c in cs]
+    if kind == "cublas":
+        return graph_ms(lambda: [F.linear(x, w) for x, w, _ in group])
+    return graph_ms(lambda: [decode_kernels.linear(x, w, blocks=blocks, **extra) for x, w, extra in group])
+
+
+def tune(calls: dict[str, list], gb_per_s: float) -> dict:
+    grid = [*itertools.product((32, 64), (256, 512), (4,), (4, 5)),
+            (16, 512, 4, 5), (32, 256, 4, 6), (128, 256, 4, 4), (64, 256, 8, 5), (128, 128, 4, 5)]
+    report = {}
+    for name, group in calls.items():
+        nbytes = calls_bytes({name: group})
+        one = {name: group}
+        results = {"cublas": linears_ms(one, "cublas")}
+        for blocks in grid:
+            try:
+                results[str(blocks)] = linears_ms(one, "triton", blocks)
+            except Exception as error:  # a shape the compiler refuses (shared memory)
+                results[str(blocks)] = repr(error)[:80]
+        timed = {k: v for k, v in results.items() if isinstance(v, float)}
+        best = min((k for k in timed if k != "cublas"), key=timed.get)
+        default = str(decode_kernels.linear_blocks(*group[0][1].shape, bool(group[0][2].get("swiglu"))))
+        report[name] = {
+            "shape": list(group[0][1].shape), "count": len(group), "mb": round(nbytes / 1e6, 1),
+            "cublas_ms": round(timed["cublas"], 4), "cublas_vs_copy": round(nbytes / timed["cublas"] / 1e6 / gb_per_s, 3),
+            "default_blocks": default, "default_ms": round(linears_ms(one, "triton"), 4),
+            "best_blocks": best, "best_ms": round(timed[best], 4),
+            "best_vs_copy": round(nbytes / timed[best] / 1e6 / gb_per_s, 3),
+            "top5": sorted(((round(v, 4), k) for k, v in timed.items()))[:5],
+        }
+        print("tune", name, json.dumps(report[name]), flush=True)
+    return report
+
+
+def sampler_ms(static: StaticDecoder, rows: int) -> float:
+    v = static.config.gen_vocab_size
+    logits = torch.randn(rows, v, device=static.device, dtype=static.model.dtype)
+    start = static.config.gen_vocab_start_index
+    draws = RowSampling.build([((start, start + v - 1), SamplingParams(1.0, 50, 1.0), k, 3) for k in range(rows)],
+                              static.device)
+    return graph_ms(lambda: sample_rows(logits, start, draws))
+
+
+def kernel_table(static: StaticDecoder, rows: int, position: int, top: int = 25) -> list:
+    set_rows(static, rows, position)
+    bucket, _ = static.shape_for(list(range(rows)), [position] * rows)
+    static._forward(bucket, rows)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            static._forward(bucket, rows)
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    events.sort(key=lambda e: -e.device_time_total)
+    total = sum(e.device_time_total for e in events) / 3
+    rows_out = [{"kernel": e.key[:90], "calls_per_step": e.count // 3, "us_per_step": round(e.device_time_total / 3, 1)}
+                for e in events[:top]]
+    return [{"kernel_us_per_step_total": round(total, 1), "kernels_per_step": sum(e.count for e in events) // 3}, *rows_out]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--preview", action="store_true")
+    parser.add_argument("--rows", default="1,8")
+    parser.add_argument("--positions", default="700,4200")
+    parser.add_argument("--kernels", default="torch,triton")
+    parser.add_argument("--tune", action="store_true")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    rows_list = [int(r) for r in args.rows.split(",")]
+    positions = [int(p) for p in args.positions.split(",")]
+    root = write_ar_only_root(Path(tempfile.mkdtemp()) / "ar", preview=args.preview, weights=not args.preview)
+    model = load_ar(root, device="cuda", dtype=torch.bfloat16, random_weights=args.preview).model
+    bandwidth = copy_bandwidth("cuda")["gb_per_s"]
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_gb_per_s": bandwidth,
+              "kernels": {}}
+    print("copy GB/s", bandwidth, flush=True)
+    slots, max_positions = max(rows_list), max(positions) + 64
+    for kernels in args.kernels.split(","):
+        static = StaticDecoder(model, slots, max_positions, compile=True, kernels=kernels)
+        entry = {"step_ms": {}, "sampler_ms": {}}
+        for rows in rows_list:
+            entry["sampler_ms"][rows] = round(sampler_ms(static, rows), 4)
+            for position in positions:
+                entry["step_ms"][f"{rows} rows @ {position}"] = round(step_ms(static, rows, position), 4)
+        entry["kernel_table_1_row"] = kernel_table(static, 1, positions[0])
+        result["kernels"][kernels] = entry
+        print(kernels, json.dumps(entry), flush=True)
+        last = static
+    nbytes = calls_bytes(linear_calls(last, 1))
+    result["linears"] = {"weight_gb": round(nbytes / 1e9, 3), "bound_ms": round(nbytes / 1e6 / bandwidth, 4)}
+    for rows in rows_list:
+        calls = linear_calls(last, rows)
+        for kind in ("cublas", "triton"):
+            ms = linears_ms(calls, kind)
+            result["linears"][f"{kind}_{rows}_rows_ms"] = round(ms, 4)
+            result["linears"][f"{kind}_{rows}_rows_vs_copy"] = round(nbytes / ms / 1e6 / bandwidth, 3)
+    print("linears", json.dumps(result["linears"]), flush=True)
+    if args.tune:
+        result["tune_1_row"] = tune(linear_calls(last, 1), bandwidth)
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

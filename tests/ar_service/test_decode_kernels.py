@@ -1,0 +1,207 @@
+"""The Triton decode kernels against torch's operations, and the decode step built on them.
+
+Without a GPU the kernels run in Triton's interpreter (tests/conftest.py sets it up), on float32 and float16
+CPU tensors; the decode step on them is checked against the step on torch's kernels and for batch invariance.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ar_service.generation import (
+    DecodeStream,
+    SlotDecoder,
+    build_prefix_cache,
+    decode_together,
+    generate_grid,
+    prompt_ids_for,
+    system_prefix_ids,
+)
+from ar_service.model import decode_kernels
+from ar_service.model.static_decode import StaticDecoder, _attend, _rms_norm, _rotate, resolve_decode_kernels
+from ar_service.prompt import grid_for_size
+from ar_service.sampling import SamplingParams
+
+
+@pytest.fixture
+def few_splits(monkeypatch):
+    """Two attention splits instead of 32: the interpreter runs programs one by one, and the split/combine logic
+    is the same for any count."""
+    monkeypatch.setattr(decode_kernels, "ATTENTION_SPLITS", 2)
+
+
+pytestmark = pytest.mark.skipif(not decode_kernels.available, reason="triton is not installed (no wheel for this platform)")
+
+TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float16: dict(rtol=1e-2, atol=1e-2)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_linear_folds_norm_bias_swiglu_and_residual(dtype, rows):
+    """Each folded extra gives what the eager model's separate operations give; blocks smaller than the weight
+    so that the K loop runs several times and the last column block is partly masked."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, 96, generator=g).to(dtype)
+    w = (torch.randn(40, 96, generator=g) * 0.1).to(dtype)
+    bias, norm_w = torch.randn(40, generator=g).to(dtype), torch.randn(96, generator=g).to(dtype)
+    residual = torch.randn(rows, 40, generator=g).to(dtype)
+    blocks = (16, 32, 4, 1)
+    tol = TOLERANCE[dtype]
+
+    def ref(*args):  # the eager model's operations in float32, rounded like it at the end
+        return [a.float() for a in args]
+
+    got = decode_kernels.linear(x, w, bias=bias, norm=(norm_w, 1e-6), residual=residual, blocks=blocks)
+    xf, wf, bf, nf, rf = ref(x, w, bias, norm_w, residual)
+    torch.testing.assert_close(got.float(), rf + F.linear(_rms_norm(xf, nf, 1e-6), wf, bf), **tol)
+
+    got = decode_kernels.linear(x, w, swiglu=True, blocks=blocks)
+    gate, up = F.linear(xf, wf).chunk(2, dim=-1)
+    torch.testing.assert_close(got.float(), F.silu(gate) * up, **tol)
+    assert got.shape == (rows, 20)
+
+    got = decode_kernels.linear(x, w)  # the default blocks, wider than this weight
+    torch.testing.assert_close(got.float(), F.linear(xf, wf), **tol)
+
+    got = decode_kernels.rms_norm(x, norm_w, 1e-6)
+    torch.testing.assert_close(got.float(), _rms_norm(xf, nf, 1e-6), **tol)
+
+
+def test_linear_refuses_more_rows_than_one_launch_holds():
+    with pytest.raises(ValueError, match="at most 16 rows"):
+        decode_kernels.linear(torch.zeros(17, 8), torch.zeros(4, 8))
+
+
+@pytest.mark.parametrize("splits", [2, 32])
+def test_rope_write_and_attention_match_the_torch_step(monkeypatch, splits):
+    """RoPE lands in q and in the cache at each row's slot and position; attention over each row's own length
+    equals the masked attention of the torch step, with more splits than positions (empty splits) too. A row at
+    the free position reads one position and stays finite."""
+    monkeypatch.setattr(decode_kernels, "ATTENTION_SPLITS", splits)
+    g = torch.Generator().manual_seed(1)
+    p, heads, kv_heads, d, slots_n, length = 3, 4, 2, 16, 4, 40
+    qkv = torch.randn(p, (heads + 2 * kv_heads) * d, generator=g)
+    positions, slots = torch.tensor([5, 33, length - 1]), torch.tensor([2, 0, 3])
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    freqs = positions[:, None].float() * inv
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    k_cache, v_cache = torch.randn(slots_n, kv_heads, length, d, generator=g), torch.randn(slots_n, kv_heads, length, d, generator=g)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+
+    q = decode_kernels.rope_write(qkv, cos, sin, positions, slots, k_cache, v_cache, heads, kv_heads)
+    q0, k0, v0 = qkv.view(p, heads + 2 * kv_heads, d).split((heads, kv_heads, kv_heads), dim=1)
+    q_ref, k_rot = _rotate(q0, cos[:, None], sin[:, None]), _rotate(k0, cos[:, None], sin[:, None])
+    for r in range(p):
+        k_ref[slots[r], :, positions[r]] = k_rot[r]
+        v_ref[slots[r], :, positions[r]] = v0[r]
+    torch.testing.assert_close(q, q_ref)
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+
+    out = decode_kernels.attention(q, k_cache, v_cache, positions, slots, 1 / math.sqrt(d), free_position=length - 1)
+    expected = _attend(q_ref, k_ref[slots], v_ref[slots], positions, 1 / math.sqrt(d))
+    torch.testing.assert_close(out[:2], expected[:2], rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(out[2]).all()
+
+
+def test_kernels_refuse_strided_row_vectors():
+    positions = torch.arange(6)[::2]
+    with pytest.raises(ValueError, match="contiguous"):
+        decode_kernels.attention(torch.zeros(3, 2, 4), torch.zeros(3, 1, 8, 4), torch.zeros(3, 1, 8, 4), positions,
+                                 torch.arange(3), 1.0)
+
+
+def test_linear_retries_with_fewer_stages_when_shared_memory_runs_out(monkeypatch):
+    """A block configuration too big for this GPU's shared memory is launched with fewer stages, and the count
+    that fitted is kept for the next launches (so it never depends on the batch)."""
+    launched: list[int] = []
+
+    class TooBig:
+        def __getitem__(self, grid):
+            def launch(*args, num_stages, **kwargs):
+                launched.append(num_stages)
+                if num_stages > 2:
+                    raise decode_kernels.triton.runtime.errors.OutOfResources(300_000, 232_448, "shared memory")
+
+            return launch
+
+    monkeypatch.setattr(decode_kernels, "_linear_kernel", TooBig())
+    monkeypatch.setattr(decode_kernels, "_fitting_stages", {})
+    x, w = torch.zeros(1, 64), torch.zeros(64, 64)
+    decode_kernels.linear(x, w, blocks=(32, 64, 4, 5))
+    decode_kernels.linear(torch.zeros(4, 64), w, blocks=(32, 64, 4, 5))
+    assert launched == [5, 4, 3, 2, 2]
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_ar):
+    t2i = tiny_ar.t2i
+    return tiny_ar, SamplingParams(t2i.temperature, t2i.top_k, t2i.top_p), build_prefix_cache(
+        tiny_ar.model, system_prefix_ids(tiny_ar.tokenizer)
+    )
+
+
+@pytest.mark.parametrize("slots", [[0], [1], [3], [0, 2], [0, 1, 2, 3]])
+def test_triton_step_matches_the_torch_step(setup, few_splits, slots):
+    """Same drawn ids and the same hidden states up to float reordering, for one row alone (its inputs are
+    strided views of the input table) and for rows with free rows between them."""
+    tiny_ar, _, _ = setup
+    torch_step = StaticDecoder(tiny_ar.model, 4, 64)
+    triton_step = StaticDecoder(tiny_ar.model, 4, 64, kernels="triton")
+    start = tiny_ar.config.gen_vocab_start_index
+    for t in range(3):
+        ids = [start + 3 + t + k for k in range(len(slots))]
+        positions = [4 + t + 2 * k for k in range(len(slots))]
+        draws = [((start, start + 60), SamplingParams(1.0, 50, 1.0), 7 + k, t) for k in range(len(slots))]
+        a = torch_step.step(slots, ids, positions, draws)
+        b = triton_step.step(slots, ids, positions, draws)
+        assert a[0] == b[0]
+        torch.testing.assert_close(b[1], a[1], rtol=1e-4, atol=1e-5)
+
+
+def test_triton_step_is_batch_invariant_to_the_bit(setup, few_splits):
+    """Without full_length, row counts and lengths change with the batch-mates, yet a stream's tokens and states
+    alone equal those among three others joining late at other sizes: no kernel's configuration or reduction
+    order depends on the rows beside it."""
+    tiny_ar, sampling, prefix = setup
+    static = StaticDecoder(tiny_ar.model, slots=4, max_positions=300, kernels="triton")
+    decoder = SlotDecoder(static)
+    grid = grid_for_size(64, 48, 16)
+    ids = prompt_ids_for(tiny_ar.tokenizer, "a cat", grid)
+    alone = generate_grid(tiny_ar.model, ids, grid, tiny_ar.t2i, sampling, 5, prefix=prefix, decoder=decoder)
+
+    def stream(prompt, size, seed, rows):
+        g = grid_for_size(*size, 16)
+        s = DecodeStream(tiny_ar.model, prompt_ids_for(tiny_ar.tokenizer, prompt, g), g, tiny_ar.t2i, sampling, seed,
+                         lambda r, h, t: rows.append(h), prefix=prefix, reserve=False)
+        decoder.admit(s)
+        return s
+
+    rows: list[torch.Tensor] = []
+    joiners = [stream(f"dog number {k}", (32 + 16 * k, 32), 100 + k, []) for k in range(3)]
+    target = stream("a cat", (64, 48), 5, rows)  # the last slot: every step runs all four rows
+    decode_together(decoder, [target], joiners, join_every=2)
+    assert target.tokens == alone.token_ids
+    assert torch.equal(torch.cat(rows), alone.image_condition)
+    assert static.free_slots == 4
+
+
+def test_triton_kernels_are_chosen_where_they_can_run(monkeypatch):
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert resolve_decode_kernels("auto", cpu, 8) == "torch"
+    assert resolve_decode_kernels("auto", cuda, 8) == ("triton" if decode_kernels.available else "torch")
+    assert resolve_decode_kernels("auto", cuda, 32) == "torch"  # more slots than one launch holds
+    assert resolve_decode_kernels("torch", cuda, 8) == "torch"
+
+
+def test_triton_kernels_on_a_cpu_without_the_interpreter_are_refused(setup, monkeypatch):
+    tiny_ar, _, _ = setup
+    monkeypatch.setattr(decode_kernels, "interpreting", False)
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        StaticDecoder(tiny_ar.model, 2, 64, kernels="triton")
+    with pytest.raises(ValueError, match="'triton' or 'torch'|'torch' or 'triton'"):
+        StaticDecoder(tiny_ar.model, 2, 64, kernels="cutlass")
