@@ -6,7 +6,7 @@ Here every shape is fixed: ``slots`` rows (a stream keeps its slot from prefill 
 compute padding), K/V written in place at each row's position. A step is then a fixed sequence of kernels,
 captured once in a ``torch.cuda.CUDAGraph`` and replayed for a few microseconds of CPU time.
 
-Two kernel sets run the layers. "triton" (``decode_kernels``): seven launches per layer, the small work folded
+Two kernel sets run the layers. "triton" (``decode_kernels``): nine launches per layer, the small work folded
 into the weight reads, attention over each row's own length read on the device, so one graph per row count.
 "torch": cuBLAS matmuls, optionally with the elementwise work fused by ``torch.compile``, attention over the
 first ``bucket`` cached positions with a per-row mask, so one graph per row count and length bucket.
@@ -151,7 +151,7 @@ class StaticDecoder:
     ) -> None:
         """``compile_mode``: torch.compile's mode for the layer bodies, e.g. "max-autotune-no-cudagraphs" (Inductor
         then times its own matmul kernels against cuBLAS for each shape: slower start). ``kernels``: "torch"
-        (cuBLAS and torch's kernels, optionally compiled) or "triton" (``decode_kernels``: seven launches per
+        (cuBLAS and torch's kernels, optionally compiled) or "triton" (``decode_kernels``: nine launches per
         layer, attention over each row's own length, hence no length buckets)."""
         config = model.config
         if slots < 1 or max_positions < 2:
