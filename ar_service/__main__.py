@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
         fast_decode=settings.fast_decode == "on" or (settings.fast_decode == "auto" and device.type == "cuda"),
         compile_decode=settings.compile_decode and device.type == "cuda",
         compile_decode_mode=settings.compile_decode_mode,
-        decode_kernels=resolve_decode_kernels(settings.decode_kernels, device, settings.max_batch_size),
+        decode_kernels=resolve_decode_kernels(settings.decode_kernels, device, settings.max_batch_size, dtype),
         decode_lookahead=settings.decode_lookahead,
         deterministic=settings.deterministic,
         profiler=make_profiler("ar_service", settings.profile_dir, device, settings.profile_max_traces),

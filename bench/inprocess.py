@@ -89,7 +89,7 @@ class InProcessPipeline:
 
         fields = ARSettings.model_fields
         slots = fields["max_batch_size"].default
-        kernels = resolve_decode_kernels(fields["decode_kernels"].default, self.device, slots)
+        kernels = resolve_decode_kernels(fields["decode_kernels"].default, self.device, slots, self.ar.model.dtype)
         static = StaticDecoder(self.ar.model, slots, max_positions, cuda_graphs=cuda, compile=cuda, kernels=kernels)
         self.decoder = SlotDecoder(static)
         self.decoder_name = f"fast ({kernels} kernels" + (", CUDA graphs, compiled)" if cuda else ")")

@@ -323,3 +323,26 @@ def _rows_contiguous(*vectors: torch.Tensor) -> None:
     """The kernels index per-row vectors as plain arrays."""
     if any(v.shape[0] > 1 and v.stride(0) != 1 for v in vectors):
         raise ValueError("positions and slots must be contiguous vectors")
+
+
+def probe(device: torch.device, dtype: torch.dtype) -> Exception | None:
+    """Compiles and runs every kernel once on small tensors of ``dtype`` on ``device``: None when they work, else
+    the error (e.g. a GPU whose Triton backend has no ``dtype`` matrix multiply)."""
+    try:
+        g = torch.Generator(device="cpu").manual_seed(0)
+
+        def rand(*shape):
+            return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
+
+        x, w = rand(2, 64), rand(64, 64)
+        linear(linear(x, w, bias=rand(64), norm=(rand(64), 1e-6), swiglu=True), rand(64, 32), residual=x)
+        heads, kv_heads, d = 2, 1, 16
+        cache = rand(2, kv_heads, 8, d), rand(2, kv_heads, 8, d)
+        rows = torch.arange(2, device=device)
+        q = rope_write(rand(2, (heads + 2 * kv_heads) * d), rand(2, d), rand(2, d), rows + 3, rows, *cache, heads, kv_heads)
+        attention(q, *cache, rows + 3, rows, 0.25)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception as error:  # any failure means: use the torch kernels
+        return error
+    return None

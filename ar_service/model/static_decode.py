@@ -54,13 +54,22 @@ def bucket_for(positions: int) -> int:
     return quantum * math.ceil(positions / quantum)
 
 
-def resolve_decode_kernels(setting: str, device: torch.device, slots: int) -> str:
-    """The ``decode_kernels`` setting made concrete: auto is triton on CUDA when triton imports and the slots fit
-    one launch (``decode_kernels.MAX_ROWS``), else torch."""
+def resolve_decode_kernels(setting: str, device: torch.device, slots: int, dtype: torch.dtype) -> str:
+    """The ``decode_kernels`` setting made concrete: auto is triton on a CUDA device when the triton package
+    imports, the slots fit one launch (``decode_kernels.MAX_ROWS``) and the kernels compile and run there
+    (``decode_kernels.probe``), else torch."""
     if setting != "auto":
         return setting
-    usable = device.type == "cuda" and decode_kernels.available and slots <= decode_kernels.MAX_ROWS
-    return "triton" if usable else "torch"
+    if device.type != "cuda" or not decode_kernels.available:
+        return "torch"
+    if slots > decode_kernels.MAX_ROWS:
+        log.info("decode kernels: torch (%d slots; the triton kernels take at most %d)", slots, decode_kernels.MAX_ROWS)
+        return "torch"
+    error = decode_kernels.probe(device, dtype)
+    if error is not None:
+        log.warning("decode kernels: torch (the triton kernels failed on %s: %s)", device, error)
+        return "torch"
+    return "triton"
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

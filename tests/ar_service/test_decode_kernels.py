@@ -191,11 +191,38 @@ def test_triton_step_is_batch_invariant_to_the_bit(setup, few_splits):
 
 
 def test_triton_kernels_are_chosen_where_they_can_run(monkeypatch):
+    """auto: torch off CUDA, with more slots than one launch holds, or when the probe launch fails; an explicit
+    choice is kept."""
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert resolve_decode_kernels("auto", cpu, 8) == "torch"
-    assert resolve_decode_kernels("auto", cuda, 8) == ("triton" if decode_kernels.available else "torch")
-    assert resolve_decode_kernels("auto", cuda, 32) == "torch"  # more slots than one launch holds
-    assert resolve_decode_kernels("torch", cuda, 8) == "torch"
+    assert resolve_decode_kernels("auto", cpu, 8, torch.float32) == "torch"
+    assert resolve_decode_kernels("torch", cuda, 8, torch.bfloat16) == "torch"
+    assert resolve_decode_kernels("triton", cpu, 8, torch.float32) == "triton"
+    probed = []
+    monkeypatch.setattr(decode_kernels, "available", True)
+    monkeypatch.setattr(decode_kernels, "probe", lambda device, dtype: probed.append(device) or None)
+    assert resolve_decode_kernels("auto", cuda, 32, torch.bfloat16) == "torch"
+    assert probed == []
+    assert resolve_decode_kernels("auto", cuda, 8, torch.bfloat16) == "triton"
+    monkeypatch.setattr(decode_kernels, "probe", lambda device, dtype: RuntimeError("no bf16 dot on this GPU"))
+    assert resolve_decode_kernels("auto", cuda, 8, torch.bfloat16) == "torch"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_probe_runs_every_kernel(dtype):
+    assert decode_kernels.probe(torch.device("cpu"), dtype) is None
+
+
+def test_the_probe_reports_a_kernel_that_fails(monkeypatch):
+    class Broken:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise RuntimeError("no bf16 dot on this GPU")
+
+            return launch
+
+    monkeypatch.setattr(decode_kernels, "_attention_split_kernel", Broken())
+    error = decode_kernels.probe(torch.device("cpu"), torch.float32)
+    assert isinstance(error, RuntimeError) and "no bf16 dot" in str(error)
 
 
 def test_triton_kernels_on_a_cpu_without_the_interpreter_are_refused(setup, monkeypatch):
