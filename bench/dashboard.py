@@ -153,6 +153,13 @@ def markdown(raw: dict, png_note: str, image: str | None = None) -> str:
                     rows)
     lines += ["", "In process: condition transfer = the hand-over to the DiT inside one process (device copy, refiner); "
               "no queue, no gateway. Client unaccounted = client latency - service total - gateway time.", ""]
+    device_times = [(p, p["stages_mean"]) for p in (raw.get("inprocess") or {}).get("points", [])
+                    if p["stages_mean"].get("ar_device_ms_per_token") is not None]
+    if device_times:
+        lines += ["In process, AR decode per token on the GPU (CUDA events around each step's upload and graph replay) "
+                  "against its wall time: " + "; ".join(
+                      f"{p['size']}/{p['steps']}: {_fmt(m['ar_device_ms_per_token'], 3)} of {_fmt(m['ar_ms_per_token'], 3)} ms"
+                      for p, m in device_times) + ".", ""]
     lines += ["## Transport overhead (c1 mean vs the same pipeline in one process)", ""]
     ip = raw.get("inprocess")
     if ip:

@@ -118,6 +118,9 @@ class InProcessPipeline:
         prompt_ids = prompt_ids_for(self.ar.tokenizer, prompt, grid)
         sampling = SamplingParams(knobs["temperature"], knobs["top_k"], knobs["top_p"])
         decoder = {} if self.decoder is None else {"decoder": self.decoder}
+        static = getattr(self.decoder, "static", None)
+        if static is not None:
+            static.device_timing, static.device_ms = True, 0.0
         result = generate_grid(model, prompt_ids, grid, self.ar.t2i, sampling, seed,
                                prefix_ids=self.prefix_ids, prefix=self.prefix, **decoder)
         _sync(self.device)
@@ -141,6 +144,8 @@ class InProcessPipeline:
         return {
             "ar_prefill_ms": result.prefill_ms,
             "ar_decode_ms": result.decode_ms,
+            # GPU time of the decode steps (upload + graph replay; CUDA only): against ar_decode_ms, the host's share
+            "ar_decode_device_ms": static.device_ms if static is not None and static.device.type == "cuda" else None,
             "ar_tokens": len(result.token_ids),
             "condition_transfer_ms": (t_condition - t_ar) * 1e3,
             "dit_queue_ms": 0.0,
@@ -179,6 +184,9 @@ def run(
         latencies = [r["total_ms"] / 1e3 for r in records]
         means = {key: statistics.fmean(r[key] for r in records) for key in (*STAGES, "ar_tokens", "transformer_calls")}
         means["ar_ms_per_token"] = statistics.fmean(r["ar_decode_ms"] / max(1, r["ar_tokens"]) for r in records)
+        if all(r["ar_decode_device_ms"] is not None for r in records):
+            means["ar_device_ms_per_token"] = statistics.fmean(
+                r["ar_decode_device_ms"] / max(1, r["ar_tokens"]) for r in records)
         report["points"].append({
             "size": size, "steps": steps, "requests": records, "latency_s_mean": statistics.fmean(latencies),
             "stages_mean": means, "text_positions": records[0]["text_positions"],

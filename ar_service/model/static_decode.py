@@ -201,6 +201,11 @@ class StaticDecoder:
         self.lookahead = False  # see launch_ahead(); set by the owner
         self._ahead: _Ahead | None = None
         self.ahead_taken = self.ahead_wasted = 0  # steps launched ahead and then asked for, or not
+        # Benchmarks set device_timing: the GPU time of each step's upload and replay is then added to device_ms
+        # (CUDA events, read at the step's own wait), to set against the wall time of the token loop.
+        self.device_timing = False
+        self.device_ms = 0.0
+        self._timed: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._indexes: dict[tuple[int, ...], torch.Tensor] = {}
         self._outputs: tuple[torch.Tensor, torch.Tensor] | None = None
         pinned = device.type == "cuda"
@@ -282,12 +287,21 @@ class StaticDecoder:
         if ahead is not None:
             if ahead.request == (slots, ids, positions, draws):
                 self.ahead_taken += 1
-                return ahead.result()
+                result = ahead.result()
+                self._add_device_time()
+                return result
             self.ahead_wasted += 1
         self._enqueue(slots, ids, positions, draws)
         drawn, hidden = self._outputs  # hidden: the listed slots' rows already
         tokens = drawn.tolist()  # the one device-to-host wait of a step
+        self._add_device_time()
         return [tokens[slot] for slot in slots], hidden
+
+    def _add_device_time(self) -> None:
+        for start, end in self._timed:
+            end.synchronize()
+            self.device_ms += start.elapsed_time(end)
+        self._timed.clear()
 
     def launch_ahead(
         self,
@@ -334,12 +348,20 @@ class StaticDecoder:
         for slot, token, position, draw in zip(slots, ids, positions, draws):
             ints, float_rows[slot] = draw_columns(draw)
             long_rows[slot] = [token, position, *ints]
+        timed = self.device_timing and self.device.type == "cuda"
+        if timed:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
         self._long[:rows].copy_(torch.tensor(long_rows, dtype=torch.long))
         self._float[:rows].copy_(torch.tensor(float_rows, dtype=torch.float32))
         if self.cuda_graphs:
             drawn, hidden = self._replay(bucket, rows)
         else:
             drawn, hidden = self._forward(bucket, rows)
+        if timed:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._timed.append((start, end))
         # Copies, made in stream order before any later step overwrites a graph's output buffers. The row index
         # lives on the device already: an index built from a host list is a pageable upload, which waits for the
         # device to finish everything queued before it.

@@ -163,6 +163,16 @@ def test_dashboard_verdicts_follow_the_numbers_they_are_given():
     assert "| target | measured | verdict |" in dashboard.markdown(raw, "skipped")
 
 
+def test_dashboard_sets_the_in_process_decode_gpu_time_against_its_wall_time():
+    stages = {"ar_ms_per_token": 6.6, "ar_device_ms_per_token": 4.5}
+    raw = {"via": "rest", "points": [], "inprocess": {"points": [{"size": 512, "steps": 20, "stages_mean": stages}]}}
+    text = dashboard.markdown(raw, "skipped")
+    assert "512/20: 4.500 of 6.600 ms" in text
+    without = {"via": "rest", "points": [], "inprocess": {"points": [
+        {"size": 512, "steps": 20, "stages_mean": {"ar_ms_per_token": 6.6}}]}}
+    assert "on the GPU" not in dashboard.markdown(without, "skipped")
+
+
 def test_runs_of_one_machine_merge_into_one_dashboard(tmp_path):
     """A sweep split over two runs (each within a time limit) gives one dashboard with both sizes."""
     machine = {"gpu": "NVIDIA H200"}
