@@ -5,7 +5,8 @@
 Decoders: ``eager`` (each stream its own cache, padded batch: the CPU path), ``fast`` (fixed slots, in-place
 K/V, CUDA graphs per length bucket), ``fast+compile`` (the same with torch.compile'd layer bodies, the CUDA
 default), ``fast+autotune`` (compiled with max-autotune-no-cudagraphs: Inductor times its own matmul kernels)
-``fast+compile+lookahead`` (each next step launched before the host has handled the last one) and
+``fast+compile+lookahead`` (each next step launched before the host has handled the last one), ``fast+triton``
+(the Triton kernels, ``+fold``: RMSNorm folded into the linear kernels, ``+lookahead``, ``+deterministic``) and
 ``fast+deterministic`` (compiled, every step over the whole cache: the deterministic mode). For
 each: ms per token decoding one ``--size`` grid alone (CPU sampling included: what a request sees), the step
 time of a full batch, and whether one image's tokens and hidden states alone equal those among
@@ -46,7 +47,7 @@ def main() -> None:
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--max-batch", type=int, default=8)
     parser.add_argument("--size", type=int, default=512)
-    parser.add_argument("--decoders", default="eager,fast,fast+compile,fast+compile+lookahead,fast+autotune,fast+deterministic")
+    parser.add_argument("--decoders", default="eager,fast+compile,fast+triton,fast+triton+fold,fast+triton+lookahead,fast+triton+deterministic")
     parser.add_argument("--eager-tokens", type=int, default=200, help="tokens timed for the eager decoder (slow)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -72,6 +73,7 @@ def main() -> None:
             model, p, max_positions, compile="compile" in name or "deterministic" in name or "autotune" in name or "triton" in name,
             compile_mode="max-autotune-no-cudagraphs" if "autotune" in name else "default",
             full_length="deterministic" in name, kernels="triton" if "triton" in name else "torch",
+            fold_norms="fold" in name,
         )
         static.lookahead = "lookahead" in name
         return SlotDecoder(static)

@@ -157,7 +157,8 @@ def main() -> None:
     parser.add_argument("--preview", action="store_true")
     parser.add_argument("--rows", default="1,8")
     parser.add_argument("--positions", default="700,4200")
-    parser.add_argument("--kernels", default="torch,triton")
+    parser.add_argument("--kernels", default="torch,triton,triton+fold",
+                        help="kernel sets to compare (triton+fold: RMSNorm folded into the linear kernels)")
     parser.add_argument("--tune", action="store_true")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -171,7 +172,8 @@ def main() -> None:
     print("copy GB/s", bandwidth, flush=True)
     slots, max_positions = max(rows_list), max(positions) + 64
     for kernels in args.kernels.split(","):
-        static = StaticDecoder(model, slots, max_positions, compile=True, kernels=kernels)
+        static = StaticDecoder(model, slots, max_positions, compile=True, kernels=kernels.removesuffix("+fold"),
+                               fold_norms=kernels.endswith("+fold"))
         entry = {"step_ms": {}, "sampler_ms": {}}
         for rows in rows_list:
             entry["sampler_ms"][rows] = round(sampler_ms(static, rows), 4)

@@ -64,30 +64,43 @@ if available:
 
     @triton.jit
     def _linear_kernel(
-        x_ptr, w_ptr, out_ptr, bias_ptr, res_ptr,
-        M, N, K, stride_x, stride_w, stride_out, stride_res,
-        BIAS: tl.constexpr, RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr,
+        x_ptr, w_ptr, out_ptr, bias_ptr, res_ptr, norm_ptr, squares_in_ptr, squares_out_ptr,
+        M, N, K, stride_x, stride_w, stride_out, stride_res, stride_squares_in, stride_squares_out, parts, eps,
+        BIAS: tl.constexpr, RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr, NORM: tl.constexpr,
+        SQUARES_OUT: tl.constexpr, PARTS_BLOCK: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ):
         """out[:M, n] = f(x @ W[n]^T): N output columns per row; with SWIGLU, W holds N gate rows then N up rows and
-        out = silu(gate) * up."""
+        out = silu(gate) * up. NORM: x is RMS-normalised first, from the per-row partial sums of squares its
+        producer left (``parts`` of them): norm(x) W^T = rstd * ((x * norm_weight) W^T). SQUARES_OUT: this
+        program's partial sum of squares of its output columns goes to column ``program_id`` of squares_out."""
         dtype = out_ptr.dtype.element_ty
         rm = tl.arange(0, BLOCK_M)
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
         m_ok = rm < M
         n_ok = rn < N
+        if NORM:
+            pp = tl.arange(0, PARTS_BLOCK)
+            partial = tl.load(squares_in_ptr + rm[:, None] * stride_squares_in + pp[None, :],
+                              mask=m_ok[:, None] & (pp < parts)[None, :], other=0.0)
+            rstd = 1.0 / tl.sqrt(tl.sum(partial, axis=1) / K + eps)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + rk
             k_ok = kk < K
             x = tl.load(x_ptr + rm[:, None] * stride_x + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            if NORM:
+                x = x * tl.load(norm_ptr + kk, mask=k_ok, other=0.0)[None, :]
             w = tl.load(w_ptr + rn[:, None] * stride_w + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
             acc = tl.dot(x, tl.trans(w), acc)
             if SWIGLU:
                 w_up = tl.load(w_ptr + (rn + N)[:, None] * stride_w + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
                 acc_up = tl.dot(x, tl.trans(w_up), acc_up)
+        if NORM:
+            acc = acc * rstd[:, None]
+            acc_up = acc_up * rstd[:, None]
         if BIAS:
             acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
         out = acc.to(dtype)
@@ -99,6 +112,10 @@ if available:
             res = tl.load(res_ptr + rm[:, None] * stride_res + rn[None, :], mask=mask, other=0.0)
             out = (out.to(tl.float32) + res.to(tl.float32)).to(dtype)
         tl.store(out_ptr + rm[:, None] * stride_out + rn[None, :], out, mask=mask)
+        if SQUARES_OUT:
+            kept = tl.where(mask, out.to(tl.float32), 0.0)
+            tl.store(squares_out_ptr + rm * stride_squares_out + tl.program_id(0), tl.sum(kept * kept, axis=1),
+                     mask=m_ok)
 
     @triton.jit
     def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, K, stride_x, stride_out, eps, BLOCK_K: tl.constexpr):
@@ -229,33 +246,46 @@ def linear(
     *,
     bias: torch.Tensor | None = None,
     norm: tuple[torch.Tensor, float] | None = None,
+    squares: torch.Tensor | None = None,
     residual: torch.Tensor | None = None,
     swiglu: bool = False,
-    out: torch.Tensor | None = None,
+    emit_squares: bool = False,
     blocks: tuple[int, int, int, int] | None = None,
-) -> torch.Tensor:
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``x`` [M, K] (M <= 16) through an [N, K] weight with the folded extras: ``bias``, ``swiglu`` (weight = gate
-    rows then up rows: the result is silu(gate) * up, N/2 wide) and ``residual`` added to the result; ``norm``
-    (RMSNorm weight, eps) is applied to the input first, in its own launch. ``blocks`` overrides
-    ``linear_blocks`` (for tuning)."""
+    rows then up rows: the result is silu(gate) * up, N/2 wide) and ``residual`` added to the result.
+
+    ``norm`` (RMSNorm weight, eps) normalises the input first: in its own launch, or, given the ``squares`` that
+    the linear which produced ``x`` emitted, inside this one. ``emit_squares``: also return the per-row partial
+    sums of squares of the result (float32 [16, programs]) for the next linear's norm. A row's sum is always
+    taken in the same order, whatever the other rows. ``blocks`` overrides ``linear_blocks`` (for tuning)."""
     m, k = x.shape
     n = weight.shape[0] // 2 if swiglu else weight.shape[0]
     if m > MAX_ROWS or weight.shape[1] != k:
         raise ValueError(f"linear takes at most {MAX_ROWS} rows of width {weight.shape[1]}, got {tuple(x.shape)}")
-    if out is None:
-        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if norm is not None:
-        x = rms_norm(x, *norm)
+    if squares is not None and norm is None:
+        raise ValueError("squares are only read with norm")
+    if norm is not None and squares is None:
+        x, norm = rms_norm(x, *norm), None
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_n, block_k, warps, stages = blocks or linear_blocks(weight.shape[0], k, swiglu)
-    flags = dict(BIAS=bias is not None, RESIDUAL=residual is not None, SWIGLU=swiglu)
+    programs = triton.cdiv(n, block_n)
+    squares_out = torch.empty((MAX_ROWS, programs), dtype=torch.float32, device=x.device) if emit_squares else None
+    norm_w, eps = norm if norm is not None else (x, 0.0)
+    flags = dict(BIAS=bias is not None, RESIDUAL=residual is not None, SWIGLU=swiglu, NORM=norm is not None,
+                 SQUARES_OUT=emit_squares)
+    parts = squares.shape[1] if squares is not None else 1
     key = (x.device, x.dtype, block_n, block_k, warps, stages, *flags.values())
     stages = _fitting_stages.get(key, stages)
     while True:
         try:
-            _linear_kernel[(triton.cdiv(n, block_n),)](
-                x, weight, out, bias if bias is not None else x, residual if residual is not None else x,
+            _linear_kernel[(programs,)](
+                x, weight, out, bias if bias is not None else x, residual if residual is not None else x, norm_w,
+                squares if squares is not None else out, squares_out if squares_out is not None else out,
                 m, n, k, x.stride(0), weight.stride(0), out.stride(0), residual.stride(0) if residual is not None else 0,
-                **flags, BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
+                squares.stride(0) if squares is not None else 0, squares_out.stride(0) if emit_squares else 0,
+                parts, eps, **flags, PARTS_BLOCK=triton.next_power_of_2(parts),
+                BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
             )
         except triton.runtime.errors.OutOfResources:
             if stages <= 1:
@@ -263,7 +293,7 @@ def linear(
             stages -= 1
             continue
         _fitting_stages[key] = stages
-        return out
+        return (out, squares_out) if emit_squares else out
 
 
 def rope_write(

@@ -157,11 +157,14 @@ class StaticDecoder:
         full_length: bool = False,
         compile_mode: str = "default",
         kernels: str = "torch",
+        fold_norms: bool = False,
     ) -> None:
         """``compile_mode``: torch.compile's mode for the layer bodies, e.g. "max-autotune-no-cudagraphs" (Inductor
         then times its own matmul kernels against cuBLAS for each shape: slower start). ``kernels``: "torch"
         (cuBLAS and torch's kernels, optionally compiled) or "triton" (``decode_kernels``: nine launches per
-        layer, attention over each row's own length, hence no length buckets)."""
+        layer, attention over each row's own length, hence no length buckets). ``fold_norms`` (triton): each
+        residual linear emits its rows' partial sums of squares and the next linear applies the RMSNorm from
+        them, so a layer is seven launches (not measured on a GPU yet, hence off)."""
         config = model.config
         if slots < 1 or max_positions < 2:
             raise ValueError("StaticDecoder needs at least one slot and two positions")
@@ -173,7 +176,7 @@ class StaticDecoder:
             raise ValueError("kernels='triton' needs a CUDA device")
         if kernels == "triton" and slots > decode_kernels.MAX_ROWS:
             raise ValueError(f"kernels='triton' takes at most {decode_kernels.MAX_ROWS} slots")
-        self.kernels = kernels
+        self.kernels, self.fold_norms = kernels, fold_norms and kernels == "triton"
         self.model, self.config = model, config
         start = config.gen_vocab_start_index
         # A free row: the first generation id at the scratch position, drawing a forced id (see _enqueue()).
@@ -453,24 +456,31 @@ class StaticDecoder:
         log.info("captured the decode step for %d rows x %d positions (%d graphs)", rows, bucket, len(self._graphs))
         return self._graphs[(bucket, rows)]
 
-    def _torch_layer(self, i, weights, x, cos, sin, positions, rows, bucket, scale, workspace):
+    def _torch_layer(self, i, weights, x, squares, cos, sin, positions, rows, bucket, scale, workspace):
         n1, e1, qkv_w, qkv_b, ow, n2, e2, gate_up_w, dw = weights
         config, p = self.config, x.shape[0]
         q, k, v = self._pre(x, n1, e1, qkv_w, qkv_b, cos, sin, config.num_attention_heads, config.num_key_value_heads)
         self.k[i][rows, :, positions] = k
         self.v[i][rows, :, positions] = v
         attn = self._attend(q, self.k[i, :p, :, :bucket], self.v[i, :p, :, :bucket], positions, scale)
-        return self._post(x, attn, ow, n2, e2, gate_up_w, dw)
+        return self._post(x, attn, ow, n2, e2, gate_up_w, dw), None
 
-    def _triton_layer(self, i, weights, x, cos, sin, positions, rows, bucket, scale, workspace):
+    def _triton_layer(self, i, weights, x, squares, cos, sin, positions, rows, bucket, scale, workspace):
+        """One layer on the Triton kernels; ``squares``: the partial sums of squares of ``x`` (fold_norms) or None.
+        Returns the layer's output and its squares (None without fold_norms)."""
         n1, e1, qkv_w, qkv_b, ow, n2, e2, gate_up_w, dw = weights
-        config, kernels = self.config, decode_kernels
-        qkv = kernels.linear(x, qkv_w, bias=qkv_b, norm=(n1, e1))
+        config, kernels, fold = self.config, decode_kernels, self.fold_norms
+        qkv = kernels.linear(x, qkv_w, bias=qkv_b, norm=(n1, e1), squares=squares)
         q = kernels.rope_write(qkv, cos, sin, positions, rows, self.k[i], self.v[i],
                                config.num_attention_heads, config.num_key_value_heads)
         attn = kernels.attention(q, self.k[i], self.v[i], positions, rows, scale, workspace, self.max_positions - 1)
-        x = kernels.linear(attn, ow, residual=x)
-        return kernels.linear(kernels.linear(x, gate_up_w, norm=(n2, e2), swiglu=True), dw, residual=x)
+
+        def add(inputs, weight, residual):  # a residual linear, with its squares for the next norm when folding
+            result = kernels.linear(inputs, weight, residual=residual, emit_squares=fold)
+            return result if fold else (result, None)
+
+        x, squares = add(attn, ow, x)
+        return add(kernels.linear(x, gate_up_w, norm=(n2, e2), squares=squares, swiglu=True), dw, x)
 
     def _forward(self, bucket: int, p: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The step over the first ``p`` rows: (drawn ids [p], condition hidden states [p, H])."""
@@ -492,10 +502,11 @@ class StaticDecoder:
             workspace = decode_kernels.attention_workspace(p, kv_heads, heads // kv_heads, head_dim, self.device)
         else:
             workspace = None
+        squares = None  # the embedding's rows are normalised by their own launch
         for i, weights in enumerate(self._layer_weights):
             if wanted is not None and i in wanted:
                 kept[i] = x
-            x = layer(i, weights, x, cos, sin, positions, rows, bucket, scale, workspace)
+            x, squares = layer(i, weights, x, squares, cos, sin, positions, rows, bucket, scale, workspace)
         if self.kernels == "triton":
             final = decode_kernels.rms_norm(x, text.norm.weight, text.norm.eps)
         else:

@@ -71,6 +71,26 @@ def test_linear_folds_norm_bias_swiglu_and_residual(dtype, rows):
     torch.testing.assert_close(got.float(), _rms_norm(xf, nf, 1e-6), **tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_norm_folded_from_the_producers_squares_equals_its_own_launch(dtype):
+    """A residual linear emits its rows' partial sums of squares; the next linear normalises its input from them
+    and gives what the separate RMSNorm launch gives, within rounding."""
+    g = torch.Generator().manual_seed(2)
+    x, residual = torch.randn(3, 48, generator=g).to(dtype), torch.randn(3, 40, generator=g).to(dtype)
+    w1, w2 = (torch.randn(40, 48, generator=g) * 0.2).to(dtype), (torch.randn(24, 40, generator=g) * 0.2).to(dtype)
+    norm = (torch.randn(40, generator=g).to(dtype), 1e-6)
+    blocks = (16, 32, 4, 1)
+    h, squares = decode_kernels.linear(x, w1, residual=residual, emit_squares=True, blocks=blocks)
+    assert squares.shape == (16, 3)  # a partial sum per row and per program of 16 columns
+    torch.testing.assert_close(squares[:3].sum(dim=1), h.float().pow(2).sum(dim=1), **TOLERANCE[dtype])
+    assert torch.equal(h, decode_kernels.linear(x, w1, residual=residual, blocks=blocks))
+    folded = decode_kernels.linear(h, w2, norm=norm, squares=squares, blocks=blocks)
+    separate = decode_kernels.linear(h, w2, norm=norm, blocks=blocks)
+    torch.testing.assert_close(folded.float(), separate.float(), **TOLERANCE[dtype])
+    with pytest.raises(ValueError, match="only read with norm"):
+        decode_kernels.linear(h, w2, squares=squares)
+
+
 def test_linear_refuses_more_rows_than_one_launch_holds():
     with pytest.raises(ValueError, match="at most 16 rows"):
         decode_kernels.linear(torch.zeros(17, 8), torch.zeros(4, 8))
@@ -145,13 +165,14 @@ def setup(tiny_ar):
     )
 
 
+@pytest.mark.parametrize("fold_norms", [False, True])
 @pytest.mark.parametrize("slots", [[0], [1], [3], [0, 2], [0, 1, 2, 3]])
-def test_triton_step_matches_the_torch_step(setup, few_splits, slots):
+def test_triton_step_matches_the_torch_step(setup, few_splits, slots, fold_norms):
     """Same drawn ids and the same hidden states up to float reordering, for one row alone (its inputs are
     strided views of the input table) and for rows with free rows between them."""
     tiny_ar, _, _ = setup
     torch_step = StaticDecoder(tiny_ar.model, 4, 64)
-    triton_step = StaticDecoder(tiny_ar.model, 4, 64, kernels="triton")
+    triton_step = StaticDecoder(tiny_ar.model, 4, 64, kernels="triton", fold_norms=fold_norms)
     start = tiny_ar.config.gen_vocab_start_index
     for t in range(3):
         ids = [start + 3 + t + k for k in range(len(slots))]
@@ -163,12 +184,13 @@ def test_triton_step_matches_the_torch_step(setup, few_splits, slots):
         torch.testing.assert_close(b[1], a[1], rtol=1e-4, atol=1e-5)
 
 
-def test_triton_step_is_batch_invariant_to_the_bit(setup, few_splits):
+@pytest.mark.parametrize("fold_norms", [False, True])
+def test_triton_step_is_batch_invariant_to_the_bit(setup, few_splits, fold_norms):
     """Without full_length, row counts and lengths change with the batch-mates, yet a stream's tokens and states
     alone equal those among three others joining late at other sizes: no kernel's configuration or reduction
     order depends on the rows beside it."""
     tiny_ar, sampling, prefix = setup
-    static = StaticDecoder(tiny_ar.model, slots=4, max_positions=300, kernels="triton")
+    static = StaticDecoder(tiny_ar.model, slots=4, max_positions=300, kernels="triton", fold_norms=fold_norms)
     decoder = SlotDecoder(static)
     grid = grid_for_size(64, 48, 16)
     ids = prompt_ids_for(tiny_ar.tokenizer, "a cat", grid)
