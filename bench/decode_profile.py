@@ -2,8 +2,9 @@
 
     python -m bench.decode_profile [--preview] [--rows 1,8] [--positions 700,4200] [--tune] [--out FILE]
 
-For the "torch" kernels (cuBLAS, torch.compile'd layer bodies, length buckets) and the "triton" kernels
-(``ar_service/model/decode_kernels.py``) it reports: the replay time of one captured step for each row count
+For each kernel set of ``--kernels`` ("torch": cuBLAS, torch.compile'd layer bodies, length buckets; "triton":
+``ar_service/model/decode_kernels.py``; "triton+fold": the same with the RMSNorm folded into the linear kernels)
+it reports: the replay time of one captured step for each row count
 and cached length; the time of the step's linear layers alone (every layer's weights once, in a graph) with
 cuBLAS and with the Triton kernel, as bytes read / time against the measured copy bandwidth; the sampler alone;
 and the heaviest kernels of one step (torch.profiler). ``--tune`` times a grid of block shapes of the Triton
