@@ -144,6 +144,86 @@ class _Ahead:
         return [tokens[slot] for slot in self.request[0]], self.hidden
 
 
+class _TorchLayers:
+    """The layers on cuBLAS and torch's kernels, the bodies fused by torch.compile when ``compile``. Attention
+    runs over the first ``bucket`` cached positions with a per-row mask, so the bucket is part of a step's shape."""
+
+    bucketed = True
+
+    def __init__(self, decoder: "StaticDecoder", compile: bool, mode: str) -> None:
+        self.decoder = decoder
+        self.pre, self.attend, self.post = _pre_attention, _attend, _post_attention
+        if compile:
+            self.pre = torch.compile(_pre_attention, dynamic=False, fullgraph=True, mode=mode)
+            self.attend = torch.compile(_attend, dynamic=True, fullgraph=True)
+            self.post = torch.compile(_post_attention, dynamic=False, fullgraph=True, mode=mode)
+
+    def start(self, cos, sin, positions, rows, bucket: int) -> None:
+        """Takes the step's per-row inputs (cos/sin [P, 1, D]) before the first layer."""
+        self.cos, self.sin, self.positions, self.rows, self.bucket = cos, sin, positions, rows, bucket
+
+    def layer(self, i: int, weights: tuple, x: torch.Tensor) -> torch.Tensor:
+        n1, e1, qkv_w, qkv_b, ow, n2, e2, gate_up_w, dw = weights
+        d, config, p = self.decoder, self.decoder.config, x.shape[0]
+        q, k, v = self.pre(x, n1, e1, qkv_w, qkv_b, self.cos, self.sin, config.num_attention_heads,
+                           config.num_key_value_heads)
+        d.k[i][self.rows, :, self.positions] = k
+        d.v[i][self.rows, :, self.positions] = v
+        keys, values = d.k[i, :p, :, : self.bucket], d.v[i, :p, :, : self.bucket]
+        attn = self.attend(q, keys, values, self.positions, 1.0 / math.sqrt(config.head_dim))
+        return self.post(x, attn, ow, n2, e2, gate_up_w, dw)
+
+    def norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return _rms_norm(x, weight, eps)
+
+    def head(self, final: torch.Tensor) -> torch.Tensor:
+        return self.decoder.model.gen_head(final)
+
+
+class _TritonLayers:
+    """The layers on ``decode_kernels``: attention reads each row's own length on the device, so no length
+    bucket is part of a step's shape. ``fold_norms``: each residual linear emits its rows' partial sums of
+    squares and the next linear applies the RMSNorm from them (seven launches per layer instead of nine)."""
+
+    bucketed = False
+
+    def __init__(self, decoder: "StaticDecoder", fold_norms: bool) -> None:
+        self.decoder, self.fold = decoder, fold_norms
+
+    def start(self, cos, sin, positions, rows, bucket: int) -> None:
+        config = self.decoder.config
+        # The kernels read plain [P, D] and [P] rows.
+        self.cos, self.sin, self.positions, self.rows = cos[:, 0], sin[:, 0], positions.contiguous(), rows
+        group = config.num_attention_heads // config.num_key_value_heads
+        self.workspace = decode_kernels.attention_workspace(
+            rows.shape[0], config.num_key_value_heads, group, config.head_dim, self.decoder.device)
+        self.squares = None  # of the layer input, when folding; the embedding is normalised by its own launch
+
+    def layer(self, i: int, weights: tuple, x: torch.Tensor) -> torch.Tensor:
+        n1, e1, qkv_w, qkv_b, ow, n2, e2, gate_up_w, dw = weights
+        d, config, kernels = self.decoder, self.decoder.config, decode_kernels
+        qkv = kernels.linear(x, qkv_w, bias=qkv_b, norm=(n1, e1), squares=self.squares)
+        q = kernels.rope_write(qkv, self.cos, self.sin, self.positions, self.rows, d.k[i], d.v[i],
+                               config.num_attention_heads, config.num_key_value_heads)
+        attn = kernels.attention(q, d.k[i], d.v[i], self.positions, self.rows, 1.0 / math.sqrt(config.head_dim),
+                                 self.workspace, d.max_positions - 1)
+        x = self._residual(attn, ow, x)
+        return self._residual(kernels.linear(x, gate_up_w, norm=(n2, e2), squares=self.squares, swiglu=True), dw, x)
+
+    def _residual(self, inputs: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """A linear with a residual addition; when folding, its squares are kept for the next norm."""
+        if not self.fold:
+            return decode_kernels.linear(inputs, weight, residual=residual)
+        out, self.squares = decode_kernels.linear(inputs, weight, residual=residual, emit_squares=True)
+        return out
+
+    def norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return decode_kernels.rms_norm(x, weight, eps)
+
+    def head(self, final: torch.Tensor) -> torch.Tensor:
+        return decode_kernels.linear(final, self.decoder.model.gen_head.weight)
+
+
 class StaticDecoder:
     """Batched decode over ``slots`` fixed rows with an in-place K/V cache of ``max_positions`` per slot."""
 
@@ -176,7 +256,9 @@ class StaticDecoder:
             raise ValueError("kernels='triton' needs a CUDA device")
         if kernels == "triton" and slots > decode_kernels.MAX_ROWS:
             raise ValueError(f"kernels='triton' takes at most {decode_kernels.MAX_ROWS} slots")
-        self.kernels, self.fold_norms = kernels, fold_norms and kernels == "triton"
+        if fold_norms and kernels != "triton":
+            raise ValueError("fold_norms needs kernels='triton'")
+        self.kernels, self.fold_norms = kernels, fold_norms
         self.model, self.config = model, config
         start = config.gen_vocab_start_index
         # A free row: the first generation id at the scratch position, drawing a forced id (see _enqueue()).
@@ -220,18 +302,15 @@ class StaticDecoder:
         self._kernels(compile)
 
     def _kernels(self, compile: bool) -> None:
-        """The per-layer functions: plain, or fused by torch.compile (attention with a dynamic bucket length)."""
+        """The layers' kernel set and the sampler's noise: plain, or with torch.compile where it applies."""
         self.compiled = compile
-        self._pre, self._attend, self._post = _pre_attention, _attend, _post_attention
-        self._noise = gumbel_noise
+        if self.kernels == "triton":
+            self.layers = _TritonLayers(self, self.fold_norms)
+        else:
+            self.layers = _TorchLayers(self, compile, self.compile_mode)
         # Of the sampler only the noise (integer hashing, elementwise) is compiled: Inductor (torch 2.11) fails on
         # its sort/scan/argmax ("NYI TritonSplitDimKernel reductions"); those run unfused inside the graph.
-        if compile:
-            self._noise = torch.compile(gumbel_noise, dynamic=False, fullgraph=True)
-            mode = self.compile_mode
-            self._pre = torch.compile(_pre_attention, dynamic=False, fullgraph=True, mode=mode)
-            self._attend = torch.compile(_attend, dynamic=True, fullgraph=True)
-            self._post = torch.compile(_post_attention, dynamic=False, fullgraph=True, mode=mode)
+        self._noise = torch.compile(gumbel_noise, dynamic=False, fullgraph=True) if compile else gumbel_noise
 
     @staticmethod
     def _weights(layer) -> tuple:
@@ -381,7 +460,7 @@ class StaticDecoder:
         if self.full_length:
             return self.max_positions, self.slots
         rows = min(self.slots, 1 << max(slots).bit_length())
-        if self.kernels == "triton":  # attention reads each row's length on the device: one shape per row count
+        if not self.layers.bucketed:
             return self.max_positions, rows
         return min(self.max_positions, bucket_for(max(positions) + 1)), rows
 
@@ -404,7 +483,7 @@ class StaticDecoder:
         if self.full_length:
             return [(self.max_positions, self.slots)]
         counts = sorted({min(self.slots, 1 << n) for n in range(self.slots.bit_length() + 1)})
-        if self.kernels == "triton":
+        if not self.layers.bucketed:
             return [(self.max_positions, rows) for rows in counts]
         buckets, n = [], 1
         while n <= min(positions, self.max_positions):
@@ -456,69 +535,30 @@ class StaticDecoder:
         log.info("captured the decode step for %d rows x %d positions (%d graphs)", rows, bucket, len(self._graphs))
         return self._graphs[(bucket, rows)]
 
-    def _torch_layer(self, i, weights, x, squares, cos, sin, positions, rows, bucket, scale, workspace):
-        n1, e1, qkv_w, qkv_b, ow, n2, e2, gate_up_w, dw = weights
-        config, p = self.config, x.shape[0]
-        q, k, v = self._pre(x, n1, e1, qkv_w, qkv_b, cos, sin, config.num_attention_heads, config.num_key_value_heads)
-        self.k[i][rows, :, positions] = k
-        self.v[i][rows, :, positions] = v
-        attn = self._attend(q, self.k[i, :p, :, :bucket], self.v[i, :p, :, :bucket], positions, scale)
-        return self._post(x, attn, ow, n2, e2, gate_up_w, dw), None
-
-    def _triton_layer(self, i, weights, x, squares, cos, sin, positions, rows, bucket, scale, workspace):
-        """One layer on the Triton kernels; ``squares``: the partial sums of squares of ``x`` (fold_norms) or None.
-        Returns the layer's output and its squares (None without fold_norms)."""
-        n1, e1, qkv_w, qkv_b, ow, n2, e2, gate_up_w, dw = weights
-        config, kernels, fold = self.config, decode_kernels, self.fold_norms
-        qkv = kernels.linear(x, qkv_w, bias=qkv_b, norm=(n1, e1), squares=squares)
-        q = kernels.rope_write(qkv, cos, sin, positions, rows, self.k[i], self.v[i],
-                               config.num_attention_heads, config.num_key_value_heads)
-        attn = kernels.attention(q, self.k[i], self.v[i], positions, rows, scale, workspace, self.max_positions - 1)
-
-        def add(inputs, weight, residual):  # a residual linear, with its squares for the next norm when folding
-            result = kernels.linear(inputs, weight, residual=residual, emit_squares=fold)
-            return result if fold else (result, None)
-
-        x, squares = add(attn, ow, x)
-        return add(kernels.linear(x, gate_up_w, norm=(n2, e2), squares=squares, swiglu=True), dw, x)
-
     def _forward(self, bucket: int, p: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The step over the first ``p`` rows: (drawn ids [p], condition hidden states [p, H])."""
         config, text = self.config, self.text
-        heads, kv_heads, head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
         ids, positions, rows = self.ids[:p], self.positions[:p], self._rows[:p]
         x = text.gen_embed_tokens(ids - config.gen_vocab_start_index)
         freqs = positions[:, None].float() * text.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [P, 1, D]
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        scale = 1.0 / math.sqrt(head_dim)
         keep = config.condition_layers
         n = len(text.layers)
         wanted = None if keep is None else {i % (n + 1) for i in keep}
         kept: dict[int, torch.Tensor] = {}
-        layer = self._triton_layer if self.kernels == "triton" else self._torch_layer
-        if self.kernels == "triton":  # the kernels read contiguous rows
-            cos, sin, positions = cos[:, 0], sin[:, 0], positions.contiguous()
-            workspace = decode_kernels.attention_workspace(p, kv_heads, heads // kv_heads, head_dim, self.device)
-        else:
-            workspace = None
-        squares = None  # the embedding's rows are normalised by their own launch
+        layers = self.layers
+        layers.start(cos, sin, positions, rows, bucket)
         for i, weights in enumerate(self._layer_weights):
             if wanted is not None and i in wanted:
                 kept[i] = x
-            x, squares = layer(i, weights, x, squares, cos, sin, positions, rows, bucket, scale, workspace)
-        if self.kernels == "triton":
-            final = decode_kernels.rms_norm(x, text.norm.weight, text.norm.eps)
-        else:
-            final = _rms_norm(x, text.norm.weight, text.norm.eps)
+            x = layers.layer(i, weights, x)
+        final = layers.norm(x, text.norm.weight, text.norm.eps)
+        logits = layers.head(final)
         if keep is None:
             hidden = final
         else:
             kept[n] = final
             hidden = torch.stack([kept[i % (n + 1)] for i in keep], dim=0).mean(dim=0)
-        if self.kernels == "triton":
-            logits = decode_kernels.linear(final, self.model.gen_head.weight)
-        else:
-            logits = self.model.gen_head(final)
         draws = RowSampling(*(getattr(self.draws, f)[:p] for f in RowSampling.__dataclass_fields__))
         return sample_rows(logits, config.gen_vocab_start_index, draws, self._noise), hidden

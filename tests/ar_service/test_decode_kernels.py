@@ -254,3 +254,5 @@ def test_triton_kernels_on_a_cpu_without_the_interpreter_are_refused(setup, monk
         StaticDecoder(tiny_ar.model, 2, 64, kernels="triton")
     with pytest.raises(ValueError, match="'triton' or 'torch'|'torch' or 'triton'"):
         StaticDecoder(tiny_ar.model, 2, 64, kernels="cutlass")
+    with pytest.raises(ValueError, match="fold_norms needs kernels='triton'"):
+        StaticDecoder(tiny_ar.model, 2, 64, fold_norms=True)
