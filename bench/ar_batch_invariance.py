@@ -38,6 +38,7 @@ from ar_service.model.static_decode import StaticDecoder
 from ar_service.model.tiny import write_ar_only_root
 from ar_service.prompt import grid_for_size
 from ar_service.sampling import SamplingParams
+from bench.report import emit
 
 
 def main() -> None:
@@ -164,10 +165,7 @@ def main() -> None:
         result["decoders"][name] = entry
         print(name, json.dumps(entry), flush=True)
         del decoder
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -60,7 +60,6 @@ def copy_bandwidth(device: str | torch.device, nbytes: int = GIB, repeats: int =
     dst = torch.empty_like(src)
     best = _best_seconds(lambda: dst.copy_(src), device, repeats)
     moved = 2 * numel * 2
-    del src, dst
     return {"bytes": numel * 2, "repeats": repeats, "best_s": best, "gb_per_s": moved / best / 1e9}
 
 
@@ -72,7 +71,6 @@ def matmul_rate(device: str | torch.device, n: int = 8192, repeats: int = 10, dt
     b = torch.randn(n, n, generator=generator).to(device=device, dtype=dtype)
     out = torch.empty(n, n, device=device, dtype=dtype)
     best = _best_seconds(lambda: torch.matmul(a, b, out=out), device, repeats)
-    del a, b, out
     return {"n": n, "dtype": str(dtype).removeprefix("torch."), "repeats": repeats, "best_s": best,
             "tflop_per_s": 2 * n**3 / best / 1e12}
 

@@ -28,6 +28,7 @@ from ar_service.model.static_decode import StaticDecoder
 from ar_service.model.tiny import write_ar_only_root
 from ar_service.sampling import RowSampling, SamplingParams, sample_rows
 from bench.bounds import copy_bandwidth
+from bench.report import emit
 
 
 def graph_ms(fn, repeats: int = 20) -> float:
@@ -195,10 +196,7 @@ def main() -> None:
     print("linears", json.dumps(result["linears"]), flush=True)
     if args.tune:
         result["tune_1_row"] = tune(linear_calls(last, 1), bandwidth)
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

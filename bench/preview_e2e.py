@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import base64
-import json
 import sys
 import time
 from pathlib import Path
 
 import httpx
 
+from bench.report import emit
 from bench.services import GpuMemoryWatch, ServiceStack, make_model_dir
 
 
@@ -65,8 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         "peak_gpu_mib": {name: peak.get(pid) for name, pid in stack.pids.items()},
         "service_logs": {name: stack.log_lines(name, "ready", "param") for name in ("ar_service", "dit_service")},
     }
-    (args.out / "preview_e2e.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report, indent=2))
+    emit(report, args.out / "preview_e2e.json")
     return 0
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import random
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.report import emit
 from tools.local_stack import LocalStack
 
 SIZES = ["64x64", "128x128", "128x256", "256x128", "256x256"]
@@ -287,10 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             codes = stack.down()
         report["exit_codes_at_sigterm"] = codes
-        text = json.dumps(report, indent=2)
-        print("\n== bench.soak report ==\n" + text)
-        if args.json:
-            args.json.write_text(text)
+        emit(report, args.json, heading="\n== bench.soak report ==")
     ok = not report["lost_responses"] and not report["duplicated_or_wrong_responses"]
     return 0 if ok else 1
 
