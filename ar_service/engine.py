@@ -264,8 +264,8 @@ class AREngine:
         self.prefix_ids = system_prefix_ids(loaded.tokenizer)
         self.prefix = build_prefix_cache(loaded.model, self.prefix_ids) if prefix_cache else None
         # Eager: each stream its own cache, padded batch. Fast: fixed slots and an in-place cache sized for the
-        # longest request this engine accepts, CUDA graphs on CUDA; deterministic: every step attends over the
-        # whole cache so that no shape depends on the batch-mates (batch-invariant to the bit).
+        # longest request this engine accepts, CUDA graphs on CUDA; deterministic: every step runs every slot
+        # (StaticDecoder's full_length) so that no shape depends on the batch-mates (batch-invariant to the bit).
         if decoder is None and fast_decode:
             static = StaticDecoder(
                 loaded.model, max_batch_size, self.max_positions(), compile=compile_decode, full_length=deterministic,

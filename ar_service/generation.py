@@ -301,7 +301,7 @@ class SlotDecoder:
                 self.static.launch_ahead(
                     [s.slot for s, _ in going],
                     [token for _, token in going],
-                    [s.prompt_len + len(s.tokens) for s, _ in going],
+                    [s.feed[1] + 1 for s, _ in going],
                     [s.draw_at(len(s.tokens) + 1) for s, _ in going],
                 )
         return tokens, hidden
