@@ -389,8 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tiny", action="store_true", help="the tiny model with its own weights (e.g. --device cpu)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/ardit-bench"), help="where the model directory goes")
     parser.add_argument("--timeout-s", type=float, default=3600.0, help="deadline of one request (client and gateway)")
-    parser.add_argument("--extra-ar", default="", help="extra ar_service flags, space-separated")
-    parser.add_argument("--extra-dit", default="", help="extra dit_service flags, space-separated")
+    parser.add_argument("--extra-ar", default="",
+                        help="extra ar_service flags, space-separated, given after an = (--extra-ar=--deterministic)")
+    parser.add_argument("--extra-dit", default="", help="extra dit_service flags, space-separated (as --extra-ar)")
     parser.add_argument("--inprocess-requests", type=int, default=3, help="measured in-process images per size; 0 skips")
     parser.add_argument("--inprocess-decoder", choices=inprocess.DECODERS, default="auto",
                         help="AR decode path in process (auto: as ar_service's --fast-decode auto)")

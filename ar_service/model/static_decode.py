@@ -244,7 +244,7 @@ class StaticDecoder:
         (cuBLAS and torch's kernels, optionally compiled) or "triton" (``decode_kernels``: nine launches per
         layer, attention over each row's own length, hence no length buckets). ``fold_norms`` (triton): each
         residual linear emits its rows' partial sums of squares and the next linear applies the RMSNorm from
-        them, so a layer is seven launches (not measured on a GPU yet, hence off)."""
+        them, so a layer is seven launches (1% faster per token on an H200, hence off)."""
         config = model.config
         if slots < 1 or max_positions < 2:
             raise ValueError("StaticDecoder needs at least one slot and two positions")
