@@ -1,5 +1,7 @@
 """compose.yaml and the Dockerfile: valid by the Compose spec, and wired the way the README says."""
 
+import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -15,6 +17,17 @@ def compose_config(path: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [str(COMPOSE_BINARY), "-f", str(path), "config", "-q"], capture_output=True, text=True, timeout=60
     )
+
+
+def resolved_gpu_config(env: dict[str, str]) -> dict:
+    """compose.yaml with the compose.gpu.yaml override, resolved by the Compose binary in environment ``env``."""
+    result = subprocess.run(
+        [str(COMPOSE_BINARY), "-f", str(ROOT / "compose.yaml"), "-f", str(ROOT / "compose.gpu.yaml"), "config",
+         "--format", "json"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
 
 
 def test_compose_file_is_valid_by_the_compose_spec():
@@ -43,6 +56,22 @@ def test_three_services_from_one_image_with_grpc_health_checks():
     assert services["gateway"]["depends_on"]["ar"]["condition"] == "service_healthy"
     assert "dit:50052" in services["ar"]["command"]
     assert "models" in spec["volumes"]
+
+
+def gpus(service: dict) -> list[str]:
+    devices = service.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+    return [gpu for device in devices if device["driver"] == "nvidia" for gpu in device["device_ids"]]
+
+
+def test_the_gpu_override_gives_each_model_service_one_gpu_chosen_by_environment():
+    """Both model services share GPU 0 by default; ARDIT_DIT_GPU / ARDIT_AR_GPU move them; the gateway has none."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("ARDIT_")}
+    with_defaults = resolved_gpu_config(env)["services"]
+    assert gpus(with_defaults["ar"]) == ["0"] and gpus(with_defaults["dit"]) == ["0"]
+    assert gpus(with_defaults["gateway"]) == []
+    split = resolved_gpu_config({**env, "ARDIT_DIT_GPU": "1"})["services"]
+    assert gpus(split["ar"]) == ["0"] and gpus(split["dit"]) == ["1"]
+    assert split["ar"]["command"] == with_defaults["ar"]["command"]  # the override only adds devices
 
 
 def test_dockerfile_copies_every_package_and_runs_as_non_root():
