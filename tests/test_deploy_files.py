@@ -13,19 +13,19 @@ ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_BINARY = Path(compose.__file__).parent / "docker-compose"
 
 
+def run_compose(*files: Path, args: tuple[str, ...], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """The Compose binary on ``files`` (later ones override earlier ones), e.g. ``args=("config", "-q")``."""
+    flags = [arg for path in files for arg in ("-f", str(path))]
+    return subprocess.run([str(COMPOSE_BINARY), *flags, *args], capture_output=True, text=True, timeout=60, env=env)
+
+
 def compose_config(path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(COMPOSE_BINARY), "-f", str(path), "config", "-q"], capture_output=True, text=True, timeout=60
-    )
+    return run_compose(path, args=("config", "-q"))
 
 
 def resolved_gpu_config(env: dict[str, str]) -> dict:
     """compose.yaml with the compose.gpu.yaml override, resolved by the Compose binary in environment ``env``."""
-    result = subprocess.run(
-        [str(COMPOSE_BINARY), "-f", str(ROOT / "compose.yaml"), "-f", str(ROOT / "compose.gpu.yaml"), "config",
-         "--format", "json"],
-        capture_output=True, text=True, timeout=60, env=env,
-    )
+    result = run_compose(ROOT / "compose.yaml", ROOT / "compose.gpu.yaml", args=("config", "--format", "json"), env=env)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
