@@ -70,6 +70,13 @@ def parse_size_limits(text: str) -> dict[int, int]:
         raise argparse.ArgumentTypeError(f"expected SIZE=C pairs separated by commas; got {text!r}") from None
 
 
+def parse_env(text: str) -> dict[str, str]:
+    pairs = [part.split("=", 1) for part in text.split(",") if part.strip()]
+    if any(len(pair) != 2 or not pair[0].strip() for pair in pairs):
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE pairs separated by commas; got {text!r}")
+    return {key.strip(): value for key, value in pairs}
+
+
 def parse_ints(text: str) -> list[int]:
     values = [int(part) for part in text.split(",") if part.strip()]
     if not values or any(v < 1 for v in values):
@@ -392,6 +399,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--extra-ar", default="",
                         help="extra ar_service flags, space-separated, given after an = (--extra-ar=--deterministic)")
     parser.add_argument("--extra-dit", default="", help="extra dit_service flags, space-separated (as --extra-ar)")
+    parser.add_argument("--env-ar", type=parse_env, default={},
+                        help="KEY=VALUE pairs, comma-separated, set in ar_service's environment only "
+                             "(e.g. CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40)")
+    parser.add_argument("--env-dit", type=parse_env, default={}, help="the same for dit_service")
     parser.add_argument("--inprocess-requests", type=int, default=3, help="measured in-process images per size; 0 skips")
     parser.add_argument("--inprocess-decoder", choices=inprocess.DECODERS, default="auto",
                         help="AR decode path in process (auto: as ar_service's --fast-decode auto)")
@@ -427,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = make_model_dir(args.workdir, args.tiny)
     stack = ServiceStack(
         model_dir, args.out / LOGS_DIR, device=args.device, random_weights=not args.tiny, request_timeout_s=args.timeout_s,
-        extra_ar=args.extra_ar.split(), extra_dit=args.extra_dit.split(),
+        extra_ar=args.extra_ar.split(), extra_dit=args.extra_dit.split(), env_ar=args.env_ar, env_dit=args.env_dit,
     )
     watch = GpuMemoryWatch()
     try:

@@ -129,6 +129,8 @@ class ServiceStack:
     request_timeout_s: float = 3600.0
     extra_ar: list[str] = field(default_factory=list)
     extra_dit: list[str] = field(default_factory=list)
+    env_ar: dict[str, str] = field(default_factory=dict)
+    env_dit: dict[str, str] = field(default_factory=dict)
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -145,14 +147,19 @@ class ServiceStack:
                         self.dit_address, "--request-timeout-s", str(int(self.request_timeout_s))],
         }
 
+    def environment(self, name: str) -> dict[str, str]:
+        """The environment one service starts with: this process's, plus that service's own variables."""
+        own = {"ar_service": self.env_ar, "dit_service": self.env_dit}.get(name, {})
+        return {**os.environ, "PYTHONUNBUFFERED": "1", **own}
+
     def start(self, timeout_s: float = 900.0) -> float:
         """Starts the three processes and waits until the gateway reports both services serving; returns seconds."""
         self.logs.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         for name, command in self.commands.items():
             log = open(self.logs / f"{name}.log", "w")
             self.processes[name] = subprocess.Popen(
-                [sys.executable, "-m", *command], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+                [sys.executable, "-m", *command], cwd=ROOT, env=self.environment(name), stdout=log,
+                stderr=subprocess.STDOUT,
             )
             log.close()  # the child holds its own descriptor
         try:

@@ -4,6 +4,7 @@ arithmetic, and the dashboard's verdicts."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 
 import pytest
@@ -14,6 +15,7 @@ from ar_service.model.loading import build_ar
 from ar_service.model.tiny import preview_llm_config, tiny_llm_config
 from bench import bounds, dashboard, harness
 from bench.harness import Outcome, closed_loop, percentile, summarize
+from bench.services import ServiceStack
 
 
 def _ar_config(llm_config: dict):
@@ -208,3 +210,16 @@ def test_point_and_concurrency_parsing():
     assert args.max_concurrency == {1024: 2, 2048: 1}
     with pytest.raises(SystemExit):
         harness.build_parser().parse_args(["--out", "x", "--max-concurrency", "1024"])
+
+
+def test_each_model_service_gets_only_its_own_environment(tmp_path):
+    args = harness.build_parser().parse_args(
+        ["--out", "x", "--env-ar", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40, A=b=c", "--env-dit", "CUDA_VISIBLE_DEVICES=1"])
+    assert args.env_ar == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "40", "A": "b=c"}
+    stack = ServiceStack(tmp_path, tmp_path / "logs", device="cpu", env_ar=args.env_ar, env_dit=args.env_dit)
+    assert stack.environment("ar_service")["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "40"
+    assert stack.environment("ar_service").get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
+    assert stack.environment("dit_service")["CUDA_VISIBLE_DEVICES"] == "1"
+    assert "A" not in stack.environment("gateway") and "A" not in stack.environment("dit_service")
+    with pytest.raises(SystemExit):
+        harness.build_parser().parse_args(["--out", "x", "--env-dit", "NO_VALUE"])
