@@ -21,6 +21,8 @@ What one run does, in order:
    the gateway's ``POST /v1/images/generations`` (``--via rest``) or straight to ar_service's
    ``ImageGenerator.GenerateImage`` (``--via grpc``, the gRPC front door).
    Per point: client latency mean/p50/p95/p99, throughput (completed images / (last end - first start)), the
+   steady throughput (images completed while all c clients were active, i.e. between the c-th request's start
+   and the last request's start, over that window: the ramp and the drain left out), the
    services' own stage timings (the ``timings`` each answer carries) averaged, each engine's ``GetStatus`` after
    the point, and the peak GPU memory of each service process during the point (nvidia-smi; absent on a CPU).
 3. Stops the services (freeing the device) and runs the same pipeline in this process at concurrency 1
@@ -202,8 +204,22 @@ def closed_loop(send, size: int, steps: int, concurrency: int, requests: int, ra
     return sorted(outcomes, key=lambda o: o.start)
 
 
-def summarize(outcomes: list[Outcome]) -> dict:
-    """Latency percentiles, throughput and the mean of every stage timing over the completed requests."""
+def steady_throughput(outcomes: list[Outcome], concurrency: int) -> tuple[float | None, float]:
+    """(images/s, window s) while all ``concurrency`` clients of a closed loop were active: from the start of the
+    request that brought the last client in to the start of the last request (after which the clients drain).
+    None when the point has no such window (no more requests than clients)."""
+    starts = sorted(o.start for o in outcomes)
+    if len(starts) <= concurrency:
+        return None, 0.0
+    first, last = starts[concurrency - 1], starts[-1]
+    images = sum(o.images for o in outcomes if o.error is None and first < o.end <= last)
+    window = last - first
+    return (images / window if window > 0 and images else None), window
+
+
+def summarize(outcomes: list[Outcome], concurrency: int = 1) -> dict:
+    """Latency percentiles, throughput (overall and steady) and the mean of every stage timing over the completed
+    requests."""
     done = [o for o in outcomes if o.error is None]
     summary: dict = {"completed": len(done), "failed": len(outcomes) - len(done),
                      "errors": sorted({o.error for o in outcomes if o.error})[:5]}
@@ -218,6 +234,7 @@ def summarize(outcomes: list[Outcome]) -> dict:
         wall_s=wall,
         throughput_images_per_s=sum(o.images for o in done) / wall if wall > 0 else None,
     )
+    summary["steady_throughput_images_per_s"], summary["steady_window_s"] = steady_throughput(outcomes, concurrency)
     stages = {}
     for key in STAGE_KEYS:
         values = [o.timings[key] for o in done if key in o.timings]
@@ -357,7 +374,7 @@ def sweep(args: argparse.Namespace, stack: ServiceStack, watch: GpuMemoryWatch, 
                       flush=True)
                 outcomes = closed_loop(send, size, steps, concurrency, requests, ramp, next_seed, args.guidance)
                 next_seed += requests
-                run = {"concurrency": concurrency, "requests": requests, "ramp_s": ramp, **summarize(outcomes),
+                run = {"concurrency": concurrency, "requests": requests, "ramp_s": ramp, **summarize(outcomes, concurrency),
                        "samples": [{"seed": o.seed, "start_s": o.start - outcomes[0].start, "latency_s": o.latency_s,
                                     "timings": o.timings, "error": o.error} for o in outcomes]}
                 peaks = watch.lap()
@@ -371,7 +388,8 @@ def sweep(args: argparse.Namespace, stack: ServiceStack, watch: GpuMemoryWatch, 
                     c1_latency = run["latency_s"]["mean"]
                 lat = run.get("latency_s") or {}
                 print(f"[harness]   done {run['completed']}/{requests}, mean {lat.get('mean', float('nan')):.3f} s, "
-                      f"p95 {lat.get('p95', float('nan')):.3f} s, {run.get('throughput_images_per_s') or 0:.3f} img/s",
+                      f"p95 {lat.get('p95', float('nan')):.3f} s, {run.get('throughput_images_per_s') or 0:.3f} img/s "
+                      f"(steady {run.get('steady_throughput_images_per_s') or 0:.3f})",
                       flush=True)
     finally:
         send.close()

@@ -68,6 +68,9 @@ class InProcessPipeline:
         started = time.perf_counter()
         ar = load_ar(checkpoint, device=torch_device, dtype=torch_dtype, random_weights=random_weights)
         dit = DiTPipeline.from_checkpoint(checkpoint, device=torch_device, dtype=torch_dtype, random_weights=random_weights)
+        from dit_service.settings import DiTSettings
+
+        dit.use_cuda_graphs(DiTSettings.model_fields["cuda_graphs"].default)  # as dit_service by default
         _sync(torch_device)
         prefix_ids = system_prefix_ids(ar.tokenizer)
         prefix = build_prefix_cache(ar.model, prefix_ids)

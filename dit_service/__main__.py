@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     load_started = time.perf_counter()
     try:
         pipeline = DiTPipeline.from_checkpoint(checkpoint, device=device, dtype=dtype, random_weights=settings.random_weights)
+        pipeline.use_cuda_graphs(settings.cuda_graphs)
     except BaseException:
         running.server.stop(0)
         raise

@@ -568,6 +568,7 @@ class DiTEngine:
                     self.pipeline.step([running.entry], separate=mode == "sequential")
             else:
                 self.pipeline.step([r.entry for r in batch])
+            self.pipeline.synchronize()  # the step's time (metrics, retry-after, denoise_ms) is the device's
         elapsed = time.perf_counter() - started
         self._step_ewma_s = 0.8 * self._step_ewma_s + 0.2 * elapsed
         self.metrics.step_seconds.observe(elapsed)

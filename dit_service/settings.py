@@ -53,6 +53,10 @@ class DiTSettings(ModelServiceSettings):
         "batching), torch.use_deterministic_algorithms and a fixed cuBLAS workspace; on CPU images are batch-invariant "
         "bit for bit without it",
     )
+    cuda_graphs: int = Field(
+        8, ge=0, description="CUDA graphs of the denoise step kept, one per call shape (the batch's latent size, rows "
+        "and condition lengths): a shape seen twice is captured, then replayed; 0 = off; CUDA only",
+    )
     metrics_port: int = Field(0, ge=0, le=65535, description="serve Prometheus metrics on this port (0 = off)")
     # -- shutdown --
     shutdown_drain_s: float = Field(0.0, ge=0, description="on SIGTERM, report NOT_SERVING this long before refusing calls")

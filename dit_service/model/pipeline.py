@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from diffusers import AutoencoderKL
 
+from dit_service.model.cuda_graphs import GraphedTransformer
 from dit_service.model.refiner import ImageConditionRefiner
 from dit_service.model.sampler import CFG_MODES, DenoiseEntry, DenoiseResult, denoise, start_entry, step_entries
 from dit_service.model.transformer import MammothDiT
@@ -81,6 +82,14 @@ class DiTPipeline:
         self.dtype = dtype
         # CUDA: a CFG pair (or a step batch) runs its joint layers on the valid rows only, packed back to back.
         self.transformer.pack_samples = self.device.type == "cuda"
+        # What a denoise step calls: the transformer itself, or its CUDA graphs (use_cuda_graphs).
+        self.step_model: Callable[..., torch.Tensor] = self.transformer
+
+    def use_cuda_graphs(self, max_graphs: int) -> None:
+        """Replays the denoise step's transformer call from CUDA graphs (cuda_graphs.py); no effect off CUDA or with
+        ``max_graphs`` 0."""
+        if self.device.type == "cuda" and max_graphs > 0:
+            self.step_model = GraphedTransformer(self.transformer, max_graphs)
 
     @classmethod
     def from_checkpoint(
@@ -192,7 +201,7 @@ class DiTPipeline:
         latent_shape = self.latent_shape(width, height)
         condition = self.assemble_condition(text_condition, image_condition)
         return denoise(
-            self.transformer,
+            self.step_model,
             condition,
             uncond_condition,
             latent_shape,
@@ -232,7 +241,13 @@ class DiTPipeline:
 
     def step(self, entries: list[DenoiseEntry], separate: bool = False) -> int:
         """One Euler step for every entry (same latent shape), in one transformer call unless ``separate``."""
-        return step_entries(self.transformer, entries, self.dtype, separate=separate)
+        return step_entries(self.step_model, entries, self.dtype, separate=separate)
+
+    def synchronize(self) -> None:
+        """Waits for the work queued on the device, so that a step's measured time is the device's and not only the
+        time it took to issue it (a replayed CUDA graph returns at once)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> np.ndarray:

@@ -387,9 +387,8 @@ class MammothDiT(nn.Module):
         starts = [sum(seq_lengths[:i]) for i in range(b)]
         segments = list(zip(starts, seq_lengths))
         flat = lambda t: torch.cat([t[i, :n] for i, n in enumerate(seq_lengths)])[None]  # noqa: E731
-        token_sample = torch.repeat_interleave(
-            torch.arange(b, device=x.device), torch.tensor(seq_lengths, device=x.device)
-        )
+        # Built on the device from Python ints: no host-to-device copy and no sync (a CUDA graph can hold it).
+        token_sample = torch.cat([torch.full((n,), i, device=x.device) for i, n in enumerate(seq_lengths)])
         h, cos, sin = flat(x), flat(cos), flat(sin)
         for layer in self.layers:
             h = layer(h, cos, sin, None, temb, token_sample, segments)
@@ -439,7 +438,7 @@ class MammothDiT(nn.Module):
         cap_pos = torch.arange(cond_rows, device=device)[None, :, None].expand(b, cond_rows, 3)
         rows = torch.arange(gh, device=device).repeat_interleave(gw)
         cols = torch.arange(gw, device=device).repeat(gh)
-        shift = torch.tensor(lengths, device=device)[:, None].expand(b, n_img)
+        shift = torch.stack([torch.full((n_img,), n, device=device) for n in lengths])
         img_pos = torch.stack([shift, rows.expand(b, -1), cols.expand(b, -1)], dim=-1)
         cap_cos, cap_sin = rope_tables(cap_pos, self.axes_dim_rope)
         img_cos, img_sin = rope_tables(img_pos, self.axes_dim_rope)

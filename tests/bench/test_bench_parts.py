@@ -130,6 +130,19 @@ def test_summary_of_given_outcomes():
     assert summary["stages_ms"]["ar_ms_per_token"] == pytest.approx(2.0)
 
 
+def test_steady_throughput_leaves_out_the_ramp_and_the_drain():
+    """Two clients, each request 2 s, the second client 1 s behind: 1 image/s once both run (fixed times)."""
+    timings = {"ar_decode_ms": 10.0, "ar_tokens": 5}
+    outcomes = [Outcome(k, float(k), float(k) + 2.0, images=1, timings=timings) for k in range(6)]  # last end 7
+    summary = summarize(outcomes, concurrency=2)
+    assert summary["throughput_images_per_s"] == pytest.approx(6 / 7)
+    assert summary["steady_throughput_images_per_s"] == pytest.approx(1.0)  # 4 ends in (1, 5] over 4 s
+    assert summary["steady_window_s"] == pytest.approx(4.0)
+    one_client = [Outcome(k, float(k), float(k) + 1.0, images=1) for k in range(3)]
+    assert harness.steady_throughput(one_client, 1) == (pytest.approx(1.0), pytest.approx(2.0))
+    assert harness.steady_throughput(outcomes[:2], 2) == (None, 0.0)  # no more requests than clients: no window
+
+
 def test_failed_requests_are_counted_not_averaged():
     ok = Outcome(1, 0.0, 1.0, images=1, timings={"ar_decode_ms": 4.0, "ar_tokens": 2, "total_ms": 900.0})
     bad = Outcome(2, 0.5, 3.0, error="HTTP 429: busy")

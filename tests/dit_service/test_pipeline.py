@@ -96,3 +96,14 @@ def test_missing_config_is_a_plain_error(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="config.json"):
         open_checkpoint(tmp_path)
+
+
+def test_cuda_graphs_leave_the_cpu_path_eager_and_its_images_unchanged(pipeline, text, image, empty):
+    before = pipeline.render_latents(text, image, empty, 64, 64, seed=3, steps=3, guidance=2.0).latents
+    pipeline.use_cuda_graphs(8)
+    try:
+        assert pipeline.step_model is pipeline.transformer  # graphs are a CUDA feature; the CPU stays bit-exact
+        after = pipeline.render_latents(text, image, empty, 64, 64, seed=3, steps=3, guidance=2.0).latents
+    finally:
+        pipeline.step_model = pipeline.transformer
+    assert torch.equal(before, after)
