@@ -48,6 +48,9 @@ class FakePipeline:
             entry.step, entry.rows, entry.done = 1, 1, True
         return 1
 
+    def synchronize(self):
+        """Nothing is queued on a device."""
+
     def decode(self, latents):
         width, height = latents
         return np.full((min(height, 32), min(width, 32), 3), 127, dtype=np.uint8)
