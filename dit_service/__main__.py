@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         pipeline = DiTPipeline.from_checkpoint(checkpoint, device=device, dtype=dtype, random_weights=settings.random_weights)
         pipeline.use_cuda_graphs(settings.cuda_graphs)
+        if settings.warm_up:
+            log.info("dit_service warmed up in %.1f s", pipeline.warm_up())
     except BaseException:
         running.server.stop(0)
         raise

@@ -57,6 +57,10 @@ class DiTSettings(ModelServiceSettings):
         8, ge=0, description="CUDA graphs of the denoise step kept, one per call shape (the batch's latent size, rows "
         "and condition lengths): a shape seen twice is captured, then replayed; 0 = off; CUDA only",
     )
+    warm_up: bool = Field(
+        True, description="before reporting SERVING, run one made-up guided and unguided step and a VAE decode, so "
+        "that kernel compilation and first-use setup (seconds on CUDA) do not land on the first request",
+    )
     metrics_port: int = Field(0, ge=0, le=65535, description="serve Prometheus metrics on this port (0 = off)")
     # -- shutdown --
     shutdown_drain_s: float = Field(0.0, ge=0, description="on SIGTERM, report NOT_SERVING this long before refusing calls")

@@ -107,3 +107,10 @@ def test_cuda_graphs_leave_the_cpu_path_eager_and_its_images_unchanged(pipeline,
     finally:
         pipeline.step_model = pipeline.transformer
     assert torch.equal(before, after)
+
+
+def test_warm_up_leaves_no_trace_in_later_images(pipeline, text, image, empty):
+    before = pipeline.render_latents(text, image, empty, 64, 64, seed=5, steps=2, guidance=3.0).latents
+    assert pipeline.warm_up() > 0
+    after = pipeline.render_latents(text, image, empty, 64, 64, seed=5, steps=2, guidance=3.0).latents
+    assert torch.equal(before, after)
