@@ -85,7 +85,8 @@ def targets(raw: dict) -> list[list]:
                     if c1.get(k) and c4.get(k)), None)
         scaling = c4[key] / c1[key] if key else None
     how = " (steady)" if key == "steady_throughput_images_per_s" else ""
-    rows.append([f"c4 throughput >= {C4_SCALING_512}x c1 at 512/20{how}", None if scaling is None else f"{scaling:.2f}x",
+    rows.append([f"c4 throughput >= {C4_SCALING_512}x c1 at 512/20{how}",
+                 None if scaling is None else f"{scaling:.2f}x",
                  _verdict(scaling, scaling is not None and scaling >= C4_SCALING_512)])
     return rows
 
@@ -138,8 +139,8 @@ def markdown(raw: dict, png_note: str, image: str | None = None) -> str:
                 (engines.get("dit") or {}).get("largest_batch"), (counts.get("dit") or {}).get("batched_steps_total"),
                 peaks.get("ar_service"), peaks.get("dit_service"),
             ])
-    lines += _table(["size/steps", "c", "done", "mean s", "p50 s", "p95 s", "p99 s", "images/s", "steady images/s", "AR largest batch",
-                     "AR batched steps", "DiT largest batch", "DiT batched steps", "AR peak MiB", "DiT peak MiB"], rows)
+    lines += _table(["size/steps", "c", "done", "mean s", "p50 s", "p95 s", "p99 s", "images/s", "steady images/s",
+                     "AR largest batch", "AR batched steps", "DiT largest batch", "DiT batched steps", "AR peak MiB", "DiT peak MiB"], rows)
     lines += ["", "Largest batch: since the services started (GetStatus after the point); batched steps: decode tokens "
               "(AR) and denoise steps (DiT) run with more than one request in the batch during the point. Peak MiB: "
               "nvidia-smi, per service process, during the point."]
