@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from dit_service.model.pipeline import DiTPipeline, preview_gen_parts
+from dit_service.model.pipeline import DiTPipeline, preview_dit_config
 from dit_service.model.sampler import pack_conditions
 
 
@@ -40,12 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--text-positions", type=int, default=77)
     parser.add_argument("--guidance", type=float, default=9.0)
     args = parser.parse_args(argv)
-    config = {"llm_config": {"text_config": {"hidden_size": 3584}}, **preview_gen_parts(3584)}
-    pipeline = DiTPipeline.from_config(config, device="cuda", dtype=torch.bfloat16, random_weights=True)
+    pipeline = DiTPipeline.from_config(preview_dit_config(), device="cuda", dtype=torch.bfloat16, random_weights=True)
     g = torch.Generator().manual_seed(0)
     grid = args.size // 16
-    text = torch.randn(args.text_positions, 3584, generator=g)
-    image = torch.randn(grid * (grid + 1), 3584, generator=g)
+    text = torch.randn(args.text_positions, pipeline.condition_dim, generator=g)
+    image = torch.randn(grid * (grid + 1), pipeline.condition_dim, generator=g)
     cond = pipeline.assemble_condition(text, image)
     uncond = cond.new_zeros(0, cond.shape[1])
     x = torch.randn(1, 16, args.size // 8, args.size // 8, generator=g).cuda()

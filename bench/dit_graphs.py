@@ -22,9 +22,6 @@ from pathlib import Path
 
 from bench.report import emit
 
-HIDDEN = 3584  # Preview's LLM hidden size: the condition width
-
-
 def _timed(fn, repeats: int, sync) -> tuple[float, float]:
     """(wall ms, CPU ms) per call of ``fn`` over ``repeats`` calls, after the GPU has drained."""
     sync()
@@ -52,15 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from dit_service.model.cuda_graphs import GraphedTransformer
-    from dit_service.model.pipeline import DiTPipeline, preview_gen_parts
+    from dit_service.model.pipeline import DiTPipeline, preview_dit_config
     from dit_service.model.sampler import pack_conditions
 
     if args.deterministic:
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
-    config = {"llm_config": {"text_config": {"hidden_size": HIDDEN}}, **preview_gen_parts(HIDDEN)}
-    pipeline = DiTPipeline.from_config(config, device="cuda", dtype=torch.bfloat16, random_weights=True)
-    dit, sync = pipeline.transformer, torch.cuda.synchronize
+    pipeline = DiTPipeline.from_config(preview_dit_config(), device="cuda", dtype=torch.bfloat16, random_weights=True)
+    dit, sync, hidden = pipeline.transformer, torch.cuda.synchronize, pipeline.condition_dim
     report: dict = {"deterministic": args.deterministic, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
                     "steps": args.steps, "sizes": {}}
     generator = torch.Generator().manual_seed(0)
@@ -68,10 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         for size in (int(s) for s in args.sizes.split(",")):
             grid = size // 16
             cond = pipeline.assemble_condition(
-                torch.randn(args.text_positions, HIDDEN, generator=generator),
-                torch.randn(grid * (grid + 1), HIDDEN, generator=generator),
+                torch.randn(args.text_positions, hidden, generator=generator),
+                torch.randn(grid * (grid + 1), hidden, generator=generator),
             )
-            uncond = torch.randn(args.uncond_positions, HIDDEN, generator=generator).to(cond)
+            uncond = torch.randn(args.uncond_positions, hidden, generator=generator).to(cond)
             shape = pipeline.latent_shape(size, size)
             result: dict = {"condition_positions": int(cond.shape[0]), "uncond_positions": int(uncond.shape[0])}
             for name, conds in (("guided_pair", [cond, uncond]), ("cond_row", [cond])):
@@ -95,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             denoise = {}
             for label, model in (("eager", dit), ("graphs", GraphedTransformer(dit, max_graphs=8))):
                 pipeline.step_model = model
-                entry = pipeline.start_entry(cond.cpu(), cond.new_zeros(0, HIDDEN).cpu(), uncond.cpu(), size, size,
+                entry = pipeline.start_entry(cond.cpu(), cond.new_zeros(0, hidden).cpu(), uncond.cpu(), size, size,
                                              seed=1, steps=args.steps, guidance=9.0)
                 sync()
                 started = time.perf_counter()

@@ -64,19 +64,23 @@ RAW_NAME = "raw.json"
 LOGS_DIR = "raw"  # the services' logs (bench/results/*/raw/ is not tracked)
 
 
+def _pairs(text: str, form: str) -> list[tuple[str, str]]:
+    """``A=B,C=D`` -> [(A, B), (C, D)] (split at the first =); ``form`` names the pairs in the error."""
+    pairs = [part.split("=", 1) for part in text.split(",") if part.strip()]
+    if any(len(pair) != 2 or not pair[0].strip() for pair in pairs):
+        raise argparse.ArgumentTypeError(f"expected {form} pairs separated by commas; got {text!r}")
+    return [(key.strip(), value) for key, value in pairs]
+
+
 def parse_size_limits(text: str) -> dict[int, int]:
     try:
-        pairs = [part.split("=") for part in text.split(",") if part.strip()]
-        return {int(size): int(limit) for size, limit in pairs}
+        return {int(size): int(limit) for size, limit in _pairs(text, "SIZE=C")}
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected SIZE=C pairs separated by commas; got {text!r}") from None
 
 
 def parse_env(text: str) -> dict[str, str]:
-    pairs = [part.split("=", 1) for part in text.split(",") if part.strip()]
-    if any(len(pair) != 2 or not pair[0].strip() for pair in pairs):
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE pairs separated by commas; got {text!r}")
-    return {key.strip(): value for key, value in pairs}
+    return dict(_pairs(text, "KEY=VALUE"))
 
 
 def parse_ints(text: str) -> list[int]:

@@ -49,10 +49,6 @@ class GraphedTransformer:
         self._seen: OrderedDict[tuple, None] = OrderedDict()
         self._pool = None
 
-    @property
-    def graphs(self) -> int:
-        return len(self._graphs)
-
     def __call__(
         self, latents: torch.Tensor, timestep: torch.Tensor, condition: torch.Tensor,
         condition_lengths: Sequence[int] | None = None,

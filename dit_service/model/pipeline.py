@@ -346,6 +346,12 @@ def preview_gen_parts(llm_hidden_size: int = 3584) -> dict:
     }
 
 
+def preview_dit_config(llm_hidden_size: int = 3584) -> dict:
+    """A root config with only what the DiT stage reads (the LLM's hidden size and the gen_* parts): enough to build
+    the Preview-shaped DiT stage with random weights, as the GPU benchmarks do."""
+    return {"llm_config": {"text_config": {"hidden_size": llm_hidden_size}}, **preview_gen_parts(llm_hidden_size)}
+
+
 def parameter_counts(config: dict) -> dict[str, int]:
     """Parameters per DiT-stage component of a root config, counted on the meta device (nothing allocated)."""
     dit, vae, refiner = build_modules(config)
