@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test install model protos clean
+.PHONY: up test lint install model protos clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ up: install model
 
 test: install model
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# ruff (pyflakes, pycodestyle, isort, bugbear, pyupgrade) over the tree, mypy over the five packages;
+# both configured in pyproject.toml.
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 protos: install
 	$(BIN)/python -m protos.generate

@@ -18,10 +18,10 @@ import logging
 import math
 import queue
 import secrets
-from collections import deque
 import threading
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -88,7 +88,7 @@ class Job:
     plan: ImagePlan
     mode: Literal["image", "tokens"]
     deadline: float | None = None  # time.monotonic() value
-    events: "queue.Queue[object]" = field(default_factory=queue.Queue)
+    events: queue.Queue[object] = field(default_factory=queue.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     received_at: float = field(default_factory=time.perf_counter)
 

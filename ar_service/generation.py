@@ -264,7 +264,7 @@ class EagerDecoder:
     @torch.inference_mode()
     def step(self, streams: list[DecodeStream]) -> tuple[list[int], torch.Tensor]:
         """One forward for ``streams``: (the token each drew, hidden states [B, H])."""
-        ids, positions = zip(*(s.feed for s in streams))
+        ids, positions = zip(*(s.feed for s in streams), strict=True)
         logits, hidden = self.model.decode(list(ids), list(positions), [s.cache for s in streams], pad_to=self.pad_to)
         rows = RowSampling.build([s.draw for s in streams], logits.device)
         return sample_rows(logits, self.model.config.gen_vocab_start_index, rows).tolist(), hidden
@@ -291,12 +291,12 @@ class SlotDecoder:
 
     @torch.inference_mode()
     def step(self, streams: list[DecodeStream]) -> tuple[list[int], torch.Tensor]:
-        ids, positions = zip(*(s.feed for s in streams))
+        ids, positions = zip(*(s.feed for s in streams), strict=True)
         slots = [s.slot for s in streams]
         tokens, hidden = self.static.step(slots, list(ids), list(positions), [s.draw for s in streams])
         if self.static.lookahead:
             # The likeliest next step: every stream that goes on feeds the token it just drew, one position on.
-            going = [(s, token) for s, token in zip(streams, tokens) if len(s.tokens) + 1 < s.grid.decode_tokens]
+            going = [(s, token) for s, token in zip(streams, tokens, strict=True) if len(s.tokens) + 1 < s.grid.decode_tokens]
             if going:
                 self.static.launch_ahead(
                     [s.slot for s, _ in going],
@@ -308,7 +308,7 @@ class SlotDecoder:
 
 
 def decode_together(
-    decoder: "EagerDecoder | SlotDecoder",
+    decoder: EagerDecoder | SlotDecoder,
     streams: list[DecodeStream],
     joiners: list[DecodeStream] = (),
     join_every: int = 1,

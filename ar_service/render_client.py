@@ -17,8 +17,8 @@ import grpc
 
 from ar_service import events
 from protos import channels, common_pb2, dit_pb2, dit_pb2_grpc
-from protos.formats import format_enum, format_name
 from protos.codec import encode_tensor, iter_row_chunks
+from protos.formats import format_enum, format_name
 from protos.status import RequestRejected, effective_code, param_of, retry_after_of
 from protos.values import knobs_to_proto
 from servicekit.tls import ClientTLS, open_channel
@@ -71,7 +71,7 @@ class RenderSession:
 
     def __init__(self, stub: dit_pb2_grpc.RendererStub, header: RenderHeader, on_event: Callable[[object], None], timeout: float | None):
         self.index = header.index
-        self._outbox: "queue.Queue[Any]" = queue.Queue()
+        self._outbox: queue.Queue[Any] = queue.Queue()
         self._outbox.put(dit_pb2.RenderInput(header=header.to_proto()))
         self._on_event = on_event
         self._call = stub.Render(iter(self._outbox.get, _CLOSE), timeout=timeout)

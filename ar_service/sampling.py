@@ -47,15 +47,15 @@ class RowSampling:
     step: torch.Tensor  # int64, index of the token being drawn
 
     @classmethod
-    def from_columns(cls, ints: torch.Tensor, floats: torch.Tensor) -> "RowSampling":
+    def from_columns(cls, ints: torch.Tensor, floats: torch.Tensor) -> RowSampling:
         """Views of ``ints`` [B, 5] (``draw_columns``' first list per row) and ``floats`` [B, 2] (its second)."""
         return cls(lo=ints[:, 0], hi=ints[:, 1], top_k=ints[:, 2], seed=ints[:, 3], step=ints[:, 4],
                    temperature=floats[:, 0], top_p=floats[:, 1])
 
     @classmethod
-    def build(cls, rows: list[tuple[tuple[int, int], SamplingParams, int, int]], device) -> "RowSampling":
+    def build(cls, rows: list[tuple[tuple[int, int], SamplingParams, int, int]], device) -> RowSampling:
         """From (allowed range, params, seed, step) per row."""
-        ints, floats = zip(*map(draw_columns, rows))
+        ints, floats = zip(*map(draw_columns, rows), strict=True)
         return cls.from_columns(torch.tensor(ints, dtype=torch.long, device=device),
                                 torch.tensor(floats, dtype=torch.float32, device=device))
 

@@ -15,10 +15,10 @@ from ar_service import events
 from ar_service.engine import AREngine, ImagePlan, Job, QueueFull
 from protos import ar_pb2, ar_pb2_grpc, channels, common_pb2
 from protos.formats import format_enum, format_name
-from servicekit.grpc_server import RunningServer, build_grpc_server
-from servicekit.tls import ServerTLS
 from protos.status import RequestRejected, abort, abort_rejected
 from protos.values import knobs_from_proto, knobs_to_proto, to_value
+from servicekit.grpc_server import RunningServer, build_grpc_server
+from servicekit.tls import ServerTLS
 
 log = logging.getLogger(__name__)
 

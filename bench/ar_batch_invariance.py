@@ -48,7 +48,8 @@ def main() -> None:
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--max-batch", type=int, default=8)
     parser.add_argument("--size", type=int, default=512)
-    parser.add_argument("--decoders", default="eager,fast+compile,fast+triton,fast+triton+fold,fast+triton+lookahead,fast+triton+deterministic")
+    parser.add_argument("--decoders", default="eager,fast+compile,fast+triton,fast+triton+fold,fast+triton+lookahead,"
+                                                "fast+triton+deterministic")
     parser.add_argument("--eager-tokens", type=int, default=200, help="tokens timed for the eager decoder (slow)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -122,7 +123,7 @@ def main() -> None:
         n = min(len(ha), len(hb))
         return {
             "tokens_equal": ta == tb,
-            "first_token_differing": next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), None),
+            "first_token_differing": next((i for i, (x, y) in enumerate(zip(ta, tb, strict=True)) if x != y), None),
             "hidden_bit_equal": bool(torch.equal(ha, hb)),
             "hidden_max_abs_diff": float((ha[:n] - hb[:n]).abs().max()) if n else None,
         }

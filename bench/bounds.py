@@ -121,7 +121,7 @@ class DiTShape:
     vae_scale: int
 
     @classmethod
-    def from_root_config(cls, config: dict) -> "DiTShape":
+    def from_root_config(cls, config: dict) -> DiTShape:
         from dit_service.model.pipeline import llm_hidden_size
 
         dit = config["gen_dit_config"]

@@ -18,9 +18,11 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from functools import partial
 from pathlib import Path
 
 from bench.report import emit
+
 
 def _timed(fn, repeats: int, sync) -> tuple[float, float]:
     """(wall ms, CPU ms) per call of ``fn`` over ``repeats`` calls, after the GPU has drained."""
@@ -78,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                 eager_out = dit(x, t, packed, lengths)
                 graphed(x, t, packed, lengths)  # first sight: eager
                 graph_out = graphed(x, t, packed, lengths)  # captured, then replayed
-                eager_ms, eager_cpu_ms = _timed(lambda: dit(x, t, packed, lengths), args.repeats, sync)
-                graph_ms, graph_cpu_ms = _timed(lambda: graphed(x, t, packed, lengths), args.repeats, sync)
+                eager_ms, eager_cpu_ms = _timed(partial(dit, x, t, packed, lengths), args.repeats, sync)
+                graph_ms, graph_cpu_ms = _timed(partial(graphed, x, t, packed, lengths), args.repeats, sync)
                 result[name] = {
                     "eager_ms": round(eager_ms, 2), "eager_cpu_ms": round(eager_cpu_ms, 2),
                     "graph_ms": round(graph_ms, 2), "graph_cpu_ms": round(graph_cpu_ms, 2),

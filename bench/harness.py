@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     command = argv if argv is not None else sys.argv[1:]
     raw: dict = {
         "command": "python -m bench.harness " + shlex.join(command),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": machine_info(args.device),
         "model": "tiny" if args.tiny else "preview-random",
         "dtype": dtype,

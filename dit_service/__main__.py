@@ -22,9 +22,9 @@ def main(argv: list[str] | None = None) -> None:
     from dit_service.model.pipeline import DiTPipeline
     from dit_service.server import build_server
     from protos.knobs import FAMILIES
+    from servicekit.checkpoint import open_checkpoint
     from servicekit.devices import pick_device, pick_dtype
     from servicekit.profiling import make_profiler
-    from servicekit.checkpoint import open_checkpoint
 
     if settings.deterministic:
         # Before the first CUDA call: cuBLAS needs a fixed workspace for reproducible GEMMs, and PyTorch then refuses

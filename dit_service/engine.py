@@ -194,7 +194,7 @@ class RenderJob:
     plan: RenderPlan
     condition: torch.Tensor
     uncond: torch.Tensor
-    events: "queue.Queue[Any]" = field(default_factory=queue.Queue)
+    events: queue.Queue[Any] = field(default_factory=queue.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     condition_complete_at: float = field(default_factory=time.perf_counter)
     # batching state, owned by the engine's worker

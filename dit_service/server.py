@@ -14,17 +14,23 @@ from collections.abc import Iterator
 import grpc
 
 from dit_service.engine import (
-    DiTEngine, FinishedImage, Progress, QueueFull, RenderDone, RenderFailed, RenderPlan,
+    DiTEngine,
+    FinishedImage,
+    Progress,
+    QueueFull,
+    RenderDone,
+    RenderFailed,
+    RenderPlan,
 )
 from dit_service.model.sampler import DenoiseCancelled
 from protos import channels, common_pb2, dit_pb2, dit_pb2_grpc
-from protos.formats import format_enum, format_name
 from protos.codec import CodecError, decode_tensor
+from protos.formats import format_enum, format_name
+from protos.status import RequestRejected, abort, abort_rejected
+from protos.values import knobs_from_proto, knobs_to_proto
 from servicekit.grpc_guard import MalformedMessage
 from servicekit.grpc_server import RunningServer, build_grpc_server
 from servicekit.tls import ServerTLS
-from protos.status import RequestRejected, abort, abort_rejected
-from protos.values import knobs_from_proto, knobs_to_proto
 
 log = logging.getLogger(__name__)
 

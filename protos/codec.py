@@ -43,13 +43,13 @@ class CodecError(ValueError):
     """A tensor message that does not describe a valid tensor."""
 
 
-def _torch_dtype(name: str) -> "torch.dtype":
+def _torch_dtype(name: str) -> torch.dtype:
     import torch
 
     return getattr(torch, name)
 
 
-def dtype_name(dtype: "torch.dtype") -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     """The wire name of a torch dtype ("bfloat16", "float32", ...)."""
     name = str(dtype).removeprefix("torch.")
     if name not in _ITEMSIZE:
@@ -57,7 +57,7 @@ def dtype_name(dtype: "torch.dtype") -> str:
     return name
 
 
-def encode_tensor(tensor: "torch.Tensor") -> common_pb2.Tensor:
+def encode_tensor(tensor: torch.Tensor) -> common_pb2.Tensor:
     """Packs a tensor (any device) into a wire message."""
     import torch
 
@@ -67,7 +67,7 @@ def encode_tensor(tensor: "torch.Tensor") -> common_pb2.Tensor:
     return common_pb2.Tensor(dtype=name, shape=list(tensor.shape), data=data)
 
 
-def decode_tensor(message: common_pb2.Tensor) -> "torch.Tensor":
+def decode_tensor(message: common_pb2.Tensor) -> torch.Tensor:
     """Unpacks a wire message into a CPU tensor, checking that its bytes match its shape."""
     import torch
 
@@ -91,7 +91,7 @@ def decode_tensor(message: common_pb2.Tensor) -> "torch.Tensor":
     return torch.frombuffer(bytearray(message.data), dtype=dtype).reshape(shape)
 
 
-def iter_row_chunks(tensor: "torch.Tensor", max_bytes: int = MAX_CHUNK_BYTES) -> Iterator[tuple[int, "torch.Tensor"]]:
+def iter_row_chunks(tensor: torch.Tensor, max_bytes: int = MAX_CHUNK_BYTES) -> Iterator[tuple[int, torch.Tensor]]:
     """Splits a [positions, hidden] tensor into (offset, slice) pieces of at most ``max_bytes``."""
     if tensor.dim() != 2:
         raise CodecError(f"condition tensors are [positions, hidden]; got shape {list(tensor.shape)}")

@@ -69,8 +69,8 @@ class PipelineCheckpoint:
         return sorted(name for name in self.weight_map if name.startswith(prefix))
 
     def load_tensors(
-        self, prefix: str, device: "str | torch.device" = "cpu", dtype: "torch.dtype | None" = None
-    ) -> dict[str, "torch.Tensor"]:
+        self, prefix: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+    ) -> dict[str, torch.Tensor]:
         """Every tensor under ``prefix``, with the prefix stripped, read from the files that hold them."""
         from safetensors import safe_open
 
@@ -138,12 +138,12 @@ def write_serving_defaults(root: Path, serving: ServingDefaults) -> None:
     (Path(root) / SERVING_FILE).write_text(json.dumps(asdict(serving), indent=2, sort_keys=True) + "\n")
 
 
-def save_tensors(root: Path, tensors: dict[str, "torch.Tensor"], max_shard_bytes: int = 5 * 1024**3) -> None:
+def save_tensors(root: Path, tensors: dict[str, torch.Tensor], max_shard_bytes: int = 5 * 1024**3) -> None:
     """Writes weights deterministically: one file, or shards plus an index past ``max_shard_bytes``."""
     from safetensors.torch import save_file
 
     root = Path(root)
-    shards: list[dict[str, "torch.Tensor"]] = [{}]
+    shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for name in sorted(tensors):
         tensor = tensors[name].detach().to("cpu").contiguous()

@@ -23,7 +23,6 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import ContextManager
 
 import torch
 
@@ -33,7 +32,7 @@ _OFF = contextlib.nullcontext()  # stateless and re-entrant: one instance serves
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-def stage(profiler: "BusyProfiler | None", name: str) -> ContextManager:
+def stage(profiler: BusyProfiler | None, name: str) -> contextlib.AbstractContextManager:
     """A label for ``name`` in the trace being recorded; a shared no-op when ``profiler`` is None or idle."""
     return _OFF if profiler is None else profiler.stage(name)
 
@@ -62,7 +61,7 @@ class BusyProfiler:
     def exhausted(self) -> bool:
         return len(self.written) >= self.max_traces
 
-    def stage(self, name: str) -> ContextManager:
+    def stage(self, name: str) -> contextlib.AbstractContextManager:
         if self._profile is None:
             return _OFF
         return torch.profiler.record_function(name)

@@ -21,7 +21,7 @@ import yaml
 from pydantic import Field
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
-_yaml_values: ContextVar[dict[str, Any]] = ContextVar("ardit_yaml_settings", default={})
+_yaml_values: ContextVar[dict[str, Any] | None] = ContextVar("ardit_yaml_settings", default=None)
 
 S = TypeVar("S", bound="ServiceSettings")
 
@@ -40,7 +40,7 @@ class ServiceSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return init_settings, env_settings, InitSettingsSource(settings_cls, init_kwargs=_yaml_values.get())
+        return init_settings, env_settings, InitSettingsSource(settings_cls, init_kwargs=_yaml_values.get() or {})
 
 
 class ModelServiceSettings(ServiceSettings):

@@ -54,8 +54,8 @@ class FuzzReport:
 
 
 def _checks():
-    from schemathesis.specs.openapi import checks as openapi_checks
     from schemathesis import checks as core_checks
+    from schemathesis.specs.openapi import checks as openapi_checks
 
     chosen = [core_checks.not_a_server_error]
     for name in (
@@ -107,6 +107,34 @@ def fuzz(
     # the image route, last, gets whatever is left, half schema-valid and half schema-invalid.
     operations.sort(key=lambda op: "images" in op.path)
 
+    def case_runner(operation, wanted: int):
+        """The body of one hypothesis test: calls ``operation`` for at most ``wanted`` cases and records each."""
+        done = 0
+
+        def run(case) -> None:
+            nonlocal done
+            if done >= wanted:
+                return
+            done += 1
+            report.cases += 1
+            report.per_operation[operation.label] += 1
+            try:
+                response = case.call(base_url=base_url, headers=headers, timeout=timeout)
+            except Exception as exc:  # transport error: the gateway did not answer at all
+                report.statuses["no answer"] += 1
+                report.findings.append(Finding(operation.label, None, "no answer", repr(exc)[:500], case.body))
+                return
+            report.statuses[response.status_code] += 1
+            try:
+                case.validate_response(response, checks=checks)
+            except (Exception, BaseExceptionGroup) as exc:  # schemathesis' FailureGroup is a BaseExceptionGroup
+                for check, detail in _failures(exc):
+                    report.findings.append(Finding(operation.label, response.status_code, check, detail, case.body))
+            if report.cases % 100 == 0:
+                log(f"  ... {report.cases} cases, {len(report.findings)} findings, {time.monotonic() - started:.0f} s")
+
+        return run
+
     for position, operation in enumerate(operations):
         last = position == len(operations) - 1
         share = cases - report.cases if last else max(1, cases // 10)
@@ -116,30 +144,7 @@ def fuzz(
             wanted = (share + 1) // 2 if mode is GenerationMode.POSITIVE else share - spent
             if wanted <= 0:
                 continue
-            done = 0
-
-            def run(case) -> None:
-                nonlocal done
-                if done >= wanted:
-                    return
-                done += 1
-                report.cases += 1
-                report.per_operation[operation.label] += 1
-                try:
-                    response = case.call(base_url=base_url, headers=headers, timeout=timeout)
-                except Exception as exc:  # transport error: the gateway did not answer at all
-                    report.statuses["no answer"] += 1
-                    report.findings.append(Finding(operation.label, None, "no answer", repr(exc)[:500], case.body))
-                    return
-                report.statuses[response.status_code] += 1
-                try:
-                    case.validate_response(response, checks=checks)
-                except (Exception, BaseExceptionGroup) as exc:  # schemathesis' FailureGroup is a BaseExceptionGroup
-                    for check, detail in _failures(exc):
-                        report.findings.append(Finding(operation.label, response.status_code, check, detail, case.body))
-                if report.cases % 100 == 0:
-                    log(f"  ... {report.cases} cases, {len(report.findings)} findings, {time.monotonic() - started:.0f} s")
-
+            run = case_runner(operation, wanted)
             strategy = operation.as_strategy(generation_mode=mode)
             test = hypothesis.given(case=strategy)(run)
             test = hypothesis.settings(

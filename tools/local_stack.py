@@ -117,7 +117,7 @@ class LocalStack:
                 raise RuntimeError(f"{name} not ready after {timeout} s:\n{self.log_text(name)[-4000:]}")
             time.sleep(0.2)
 
-    def up(self, timeout: float = 180) -> "LocalStack":
+    def up(self, timeout: float = 180) -> LocalStack:
         for name in SERVICES:
             self.start(name)
         self.wait_ready(SERVICES, timeout)
@@ -171,7 +171,7 @@ class LocalStack:
                 codes[name] = process.wait(10)
         return codes
 
-    def __enter__(self) -> "LocalStack":
+    def __enter__(self) -> LocalStack:
         return self.up()
 
     def __exit__(self, *exc) -> None:

@@ -52,7 +52,7 @@ def make_certs(directory: Path | str, ca_name: str = "ardit test CA") -> CertPat
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     valid = (now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=2))
 
     ca_key = _key()

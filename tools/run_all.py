@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.run_all", description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, default=Path("models/tiny"), help="pipeline directory (default: models/tiny)")

@@ -223,11 +223,11 @@ if available:
         d = tl.arange(0, D)
         part = (r * kv_heads + kvh) * SPLITS + s
         m = tl.load(stats_ptr + part * 2 * BLOCK_G + gi)
-        l = tl.load(stats_ptr + part * 2 * BLOCK_G + BLOCK_G + gi)
+        denom = tl.load(stats_ptr + part * 2 * BLOCK_G + BLOCK_G + gi)
         top = tl.max(m, axis=0)
         weight = tl.where(m > float("-inf"), tl.exp(m - top), 0.0)
         acc = tl.load(acc_ptr + (part * BLOCK_G + gi)[:, None] * D + d[None, :])
-        out = tl.sum(acc * weight[:, None], axis=0) / tl.sum(l * weight, axis=0)
+        out = tl.sum(acc * weight[:, None], axis=0) / tl.sum(denom * weight, axis=0)
         tl.store(out_ptr + r * stride_out + h * D + d, out.to(out_ptr.dtype.element_ty))
 
 

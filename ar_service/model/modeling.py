@@ -62,12 +62,12 @@ class KVCache:
         """Called once per forward, after every layer appended its `tokens` new positions."""
         self.length += tokens
 
-    def copy(self, capacity: int = 0) -> "KVCache":
+    def copy(self, capacity: int = 0) -> KVCache:
         """An independent cache holding this one's positions, its buffers sized for ``capacity`` positions
         (the shared system-prompt prefix is computed once and copied into every decode stream)."""
         out = KVCache(capacity=max(capacity, self.length))
         size = out.capacity
-        for buf_k, buf_v in zip(self._k, self._v):
+        for buf_k, buf_v in zip(self._k, self._v, strict=True):
             if buf_k is None:
                 out._k.append(None)
                 out._v.append(None)

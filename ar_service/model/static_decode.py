@@ -150,7 +150,7 @@ class _TorchLayers:
 
     bucketed = True
 
-    def __init__(self, decoder: "StaticDecoder", compile: bool, mode: str) -> None:
+    def __init__(self, decoder: StaticDecoder, compile: bool, mode: str) -> None:
         self.decoder = decoder
         self.pre, self.attend, self.post = _pre_attention, _attend, _post_attention
         if compile:
@@ -187,7 +187,7 @@ class _TritonLayers:
 
     bucketed = False
 
-    def __init__(self, decoder: "StaticDecoder", fold_norms: bool) -> None:
+    def __init__(self, decoder: StaticDecoder, fold_norms: bool) -> None:
         self.decoder, self.fold = decoder, fold_norms
 
     def start(self, cos, sin, positions, rows, bucket: int) -> None:
@@ -342,7 +342,7 @@ class StaticDecoder:
             raise ValueError(f"prompt of {cache.length} positions does not fit {self.max_positions - 1}")
         slot = self._free.pop(0)
         n = cache.length
-        for layer, (k, v) in enumerate(zip(cache._k, cache._v)):
+        for layer, (k, v) in enumerate(zip(cache._k, cache._v, strict=True)):
             self.k[layer, slot, :, :n] = k[0, :, :n]
             self.v[layer, slot, :, :n] = v[0, :, :n]
         return slot
@@ -427,7 +427,7 @@ class StaticDecoder:
         # forced id.
         long_rows = [self._free_row] * rows
         float_rows = [self._free_floats] * rows
-        for slot, token, position, draw in zip(slots, ids, positions, draws):
+        for slot, token, position, draw in zip(slots, ids, positions, draws, strict=True):
             ints, float_rows[slot] = draw_columns(draw)
             long_rows[slot] = [token, position, *ints]
         timed = self.device_timing and self.device.type == "cuda"

@@ -70,7 +70,7 @@ class GraphedTransformer:
         else:
             self._graphs.move_to_end(key)
             self.counts["replayed"] += 1
-        for buffer, value in zip(entry.inputs, (latents, timestep, condition)):
+        for buffer, value in zip(entry.inputs, (latents, timestep, condition), strict=True):
             buffer.copy_(value)
         entry.graph.replay()
         return entry.output.clone()  # the buffer is overwritten by the next replay

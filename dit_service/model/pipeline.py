@@ -95,12 +95,12 @@ class DiTPipeline:
     @classmethod
     def from_checkpoint(
         cls,
-        checkpoint: "PipelineCheckpoint",
+        checkpoint: PipelineCheckpoint,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         random_weights: bool = False,
         seed: int = 0,
-    ) -> "DiTPipeline":
+    ) -> DiTPipeline:
         """Builds from ``checkpoint.config`` and loads ``gen_*`` tensors strictly (missing/unexpected keys fail).
 
         ``random_weights=True`` reads no tensors: every module is allocated straight on ``device`` in ``dtype`` and

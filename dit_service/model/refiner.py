@@ -65,7 +65,7 @@ class ImageConditionRefiner(nn.Module):
         self.layers = nn.ModuleList(QFormerLayer(hidden, self.num_heads, norm_eps, dropout) for _ in range(num_layers))
 
     @classmethod
-    def from_config(cls, config: dict, llm_hidden_size: int) -> "ImageConditionRefiner":
+    def from_config(cls, config: dict, llm_hidden_size: int) -> ImageConditionRefiner:
         unknown = set(config) - set(cls.CONFIG_FIELDS)
         if unknown:
             raise ValueError(f"gen_image_condition_refiner_config has unknown fields: {sorted(unknown)}")

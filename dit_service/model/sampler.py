@@ -181,7 +181,7 @@ def step_entries(
             conds.append(branch)
             owners.append(k)
     if separate:
-        preds = [transformer(x, t, c[None], [c.shape[0]]).float() for x, t, c in zip(latents, times, conds)]
+        preds = [transformer(x, t, c[None], [c.shape[0]]).float() for x, t, c in zip(latents, times, conds, strict=True)]
         out = torch.cat(preds)
         calls = len(preds)
     else:

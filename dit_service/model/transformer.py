@@ -355,7 +355,7 @@ class MammothDiT(nn.Module):
         self.pack_samples = False
 
     @classmethod
-    def from_config(cls, config: dict, condition_dim: int) -> "MammothDiT":
+    def from_config(cls, config: dict, condition_dim: int) -> MammothDiT:
         known = {k: v for k, v in config.items() if not k.startswith("_")}
         unknown = set(known) - set(cls.CONFIG_FIELDS)
         if unknown:
@@ -385,7 +385,7 @@ class MammothDiT(nn.Module):
         padding (a CFG pair pads its short unconditional branch to the conditional one's length otherwise)."""
         b, total, _ = x.shape
         starts = [sum(seq_lengths[:i]) for i in range(b)]
-        segments = list(zip(starts, seq_lengths))
+        segments = list(zip(starts, seq_lengths, strict=True))
         flat = lambda t: torch.cat([t[i, :n] for i, n in enumerate(seq_lengths)])[None]  # noqa: E731
         # Built on the device from Python ints: no host-to-device copy and no sync (a CUDA graph can hold it).
         token_sample = torch.cat([torch.full((n,), i, device=x.device) for i, n in enumerate(seq_lengths)])

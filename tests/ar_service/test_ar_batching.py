@@ -14,8 +14,8 @@ from ar_service import events
 from ar_service.engine import AREngine, QueueFull
 from ar_service.generation import (
     DecodeStream,
-    build_prefix_cache,
     EagerDecoder,
+    build_prefix_cache,
     decode_together,
     generate_grid,
     prompt_ids_for,
@@ -89,7 +89,7 @@ def assert_same(a, b):
     assert a.keys() == b.keys()
     for index in a:
         assert [(k, o) for k, o, _ in a[index]] == [(k, o) for k, o, _ in b[index]]
-        for (_, _, x), (_, _, y) in zip(a[index], b[index]):
+        for (_, _, x), (_, _, y) in zip(a[index], b[index], strict=True):
             assert torch.equal(x, y)
 
 

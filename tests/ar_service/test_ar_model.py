@@ -337,7 +337,7 @@ def test_random_weights_mode_loads_a_preview_shaped_root_without_weights(tmp_pat
         logits, hidden = loaded.model(torch.tensor([[151644, 100, 152069, 152072, 152064]]))
     assert logits.shape == (1, 5, 184864) and hidden.shape == (1, 5, 32) and torch.isfinite(logits).all()
     again = build_random_ar(loaded.config, "cpu", torch.float32, seed=0)
-    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), loaded.model.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), loaded.model.state_dict().values(), strict=True))
 
 
 def test_random_build_never_materialises_on_another_device():

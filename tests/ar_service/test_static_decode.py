@@ -24,7 +24,6 @@ from ar_service.generation import (
 from ar_service.model.static_decode import StaticDecoder
 from ar_service.prompt import grid_for_size
 from ar_service.sampling import SamplingParams
-
 from servicekit.checkpoint import open_checkpoint
 from tests.ar_service.test_ar_batching import FakeRenderer, make_engine, wait_done
 

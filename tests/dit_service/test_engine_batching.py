@@ -47,12 +47,12 @@ def test_batched_and_deterministic_engines_give_the_same_images(pipeline):
                  dict(seed=9, steps=5, guidance=6.0, cond_seed=2)]
         jobs = [submit(batched, **spec) for spec in specs]
         results = [collect(job) for job in jobs]
-        for spec, (images, progress, done) in zip(specs, results):
+        for spec, (images, _progress, done) in zip(specs, results, strict=True):
             assert len(images) == spec.get("n", 1)
             assert done.timings["transformer_calls"] > 0 and done.timings["denoise_ms"] > 0
         assert batched.status()["largest_batch"] > 1
         assert batched.status()["completed_total"] == 3
-        for spec, (images, _, _) in zip(specs, results):
+        for spec, (images, _, _) in zip(specs, results, strict=True):
             again, _, _ = collect(submit(deterministic, **spec))
             assert again == images
     finally:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent import futures
 from types import SimpleNamespace
 
 import grpc
@@ -209,7 +208,8 @@ def test_more_than_max_chunks_is_refused(channel):
 
 
 def test_a_chunk_cannot_claim_more_positions_than_its_bytes_hold(channel):
-    lying = dit_pb2.ConditionChunk(kind=IMAGE, offset=0, hidden_states=common_pb2.Tensor(dtype="float32", shape=[6, HIDDEN], data=b"\0" * 16))
+    too_few_bytes = common_pb2.Tensor(dtype="float32", shape=[6, HIDDEN], data=b"\0" * 16)
+    lying = dit_pb2.ConditionChunk(kind=IMAGE, offset=0, hidden_states=too_few_bytes)
     code, param = call(channel, [header(), dit_pb2.RenderInput(chunk=lying)])
     assert (code, param) == (INVALID, "chunk.hidden_states")
 

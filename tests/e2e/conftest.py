@@ -94,8 +94,8 @@ def stack(tiny_model: Path, tmp_path_factory) -> Stack:
         for name, process in processes.items():
             try:
                 process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
+            except subprocess.TimeoutExpired as exc:
                 process.kill()
-                raise RuntimeError(f"{name} did not stop within 15 s of SIGTERM")
+                raise RuntimeError(f"{name} did not stop within 15 s of SIGTERM") from exc
         for name, process in processes.items():
             assert process.returncode in (0, -15), f"{name} exited with {process.returncode}"

@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from protos import ar_pb2, ar_pb2_grpc, common_pb2, dit_pb2, dit_pb2_grpc
+from protos import ar_pb2, ar_pb2_grpc, dit_pb2, dit_pb2_grpc
 from protos.codec import encode_tensor
 from protos.status import param_of
 from protos.values import knobs_to_proto

@@ -8,7 +8,6 @@ from servicekit.profiling import trace_event_names
 from tools.local_stack import LocalStack
 
 
-
 def test_one_request_writes_a_trace_per_service(tiny_model, tmp_path):
     traces = tmp_path / "traces"
     stack = LocalStack(

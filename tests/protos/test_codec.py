@@ -6,8 +6,10 @@ import torch
 from protos import common_pb2
 from protos.codec import MAX_CHUNK_BYTES, CodecError, decode_tensor, encode_tensor, iter_row_chunks
 
+ALL_DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int64, torch.int32, torch.uint8, torch.bool]
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int64, torch.int32, torch.uint8, torch.bool])
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
 def test_round_trip_is_exact(dtype):
     source = (torch.randn(5, 7, generator=torch.Generator().manual_seed(1)) * 100).to(dtype)
     message = encode_tensor(source)
