@@ -65,7 +65,9 @@ class Settings:
 
     def __post_init__(self) -> None:
         if self.windows < 1 or self.agree < 1 or self.window_s <= 0 or self.tolerance < 0:
-            raise ValueError(f"windows and agree must be at least 1, window_s above 0, tolerance not negative: {self}")
+            raise ValueError(f"windows and agree must be at least 1, window_s above 0, tolerance not negative; got "
+                             f"windows={self.windows}, agree={self.agree}, window_s={self.window_s}, "
+                             f"tolerance={self.tolerance}")
 
 
 @dataclass
@@ -233,7 +235,7 @@ def parse_smi(line: str, fields: tuple[str, ...] = SMI_FIELDS) -> dict:
     return parsed
 
 
-def gpu_state(device: torch.device, run=subprocess.run) -> dict | None:
+def gpu_state(device: torch.device) -> dict | None:
     """The card's clocks (MHz), power (W), temperature and performance state from nvidia-smi, or None where it
     is absent or does not answer (a CPU, a container without it). The card is named by its UUID, which holds
     whatever CUDA_VISIBLE_DEVICES says, then by its index."""
@@ -243,8 +245,8 @@ def gpu_state(device: torch.device, run=subprocess.run) -> dict | None:
     uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
     for target in ([f"GPU-{uuid}"] if uuid is not None else []) + [str(index)]:
         try:
-            answer = run(["nvidia-smi", f"--id={target}", f"--query-gpu={','.join(SMI_FIELDS)}",
-                          "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=15, check=True)
+            answer = subprocess.run(["nvidia-smi", f"--id={target}", f"--query-gpu={','.join(SMI_FIELDS)}",
+                                     "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10, check=True)
             return parse_smi(answer.stdout.strip().splitlines()[0])
         except (OSError, subprocess.SubprocessError, ValueError, IndexError):
             continue
@@ -354,7 +356,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="copy sizes in MiB, comma-separated (default 256,1024,4096 on a GPU)")
     add_settings_options(parser)
     args = parser.parse_args(argv)
-    measured = measure(args.device, args.matmul, args.copy_mib, settings_from(args))
+    try:
+        settings = settings_from(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    measured = measure(args.device, args.matmul, args.copy_mib, settings)
     command = argv if argv is not None else sys.argv[1:]
     measured["command"] = "python -m bench.bounds " + shlex.join(command)
     emit(measured, args.out, heading=summary(measured))

@@ -433,7 +433,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        bounds_settings = bounds.settings_from(args, "bounds-")
+    except ValueError as exc:
+        parser.error(str(exc))
     args.out.mkdir(parents=True, exist_ok=True)
     dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
     command = argv if argv is not None else sys.argv[1:]
@@ -452,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     measured = None
     if not args.no_bounds:  # first, on an idle device, and so that a run cut short still has them
         print("[harness] bounds", flush=True)
-        measured = bounds.measure(args.device, args.bounds_matmul, args.bounds_copy_mib, bounds.settings_from(args, "bounds-"))
+        measured = bounds.measure(args.device, args.bounds_matmul, args.bounds_copy_mib, bounds_settings)
         print(bounds.summary(measured), flush=True)
     model_dir = make_model_dir(args.workdir, args.tiny)
     stack = ServiceStack(

@@ -235,3 +235,9 @@ def test_restating_refuses_bounds_of_another_card_or_a_run_without_bounds(tmp_pa
             dashboard.main([str(tmp_path / raw), "--bounds", str(tmp_path / bounds_file), "--out", str(tmp_path / "o")])
         assert exited.value.code == 2
         assert message in capsys.readouterr().err
+
+
+def test_bad_timing_options_are_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exited:
+        bounds.main(["--device", "cpu", "--windows", "0"])
+    assert exited.value.code == 2 and "windows and agree must be at least 1" in capsys.readouterr().err
