@@ -106,6 +106,19 @@ class Page:
     def result_size(self) -> tuple[int, int]:
         return tuple(self.js("const i = document.getElementById('result'); return [i.naturalWidth, i.naturalHeight];"))
 
+    def record_arrivals(self) -> None:
+        """From now on, window.arrivals lists what appears, in order: "preview" per partial image, "image" at the end."""
+        self.js("""
+            window.arrivals = [];
+            new MutationObserver((changes) => changes.forEach((c) => c.addedNodes.forEach(() => arrivals.push("preview"))))
+                .observe(document.getElementById("previews"), {childList: true});
+            new MutationObserver(() => document.getElementById("result").hasAttribute("src") && arrivals.push("image"))
+                .observe(document.getElementById("result"), {attributeFilter: ["src"]});
+        """)
+
+    def arrivals(self) -> list[str]:
+        return self.js("return window.arrivals")
+
     def previews(self) -> list[tuple[int, int]]:
         return [tuple(size) for size in self.js(
             "return [...document.querySelectorAll('#previews img')].map(i => [i.naturalWidth, i.naturalHeight]);")]
@@ -119,6 +132,7 @@ def test_type_a_prompt_and_get_an_image_of_the_chosen_size(stack, browser, scree
     page.fill(prompt="a lighthouse at dusk, oil painting", negative_prompt="blurry", size="384x256", seed="7",
               steps="4", guidance="3")
     page.shot("1-filled")
+    page.record_arrivals()
     page["generate"].click()
     page.wait(lambda: not page["generate"].is_enabled(), "the request to start")
     page.wait_for_result()
@@ -129,8 +143,9 @@ def test_type_a_prompt_and_get_an_image_of_the_chosen_size(stack, browser, scree
     assert page.js("return document.getElementById('progress').value") == 1
     if page.js("return canStream"):  # the gateway streams: the previews came first, at the chosen size
         assert 1 <= len(page.previews()) <= 3 and set(page.previews()) == {(384, 256)}
+        assert page.arrivals() == ["preview"] * len(page.previews()) + ["image"]
     else:  # the gateway refused stream: true and the page fell back to one plain request
-        assert page.previews() == []
+        assert page.previews() == [] and page.arrivals() == ["image"]
         assert "denoise" in page["details"].text  # the services' timings, from the JSON answer
 
     # a bad request: the page shows the API's own message
@@ -154,11 +169,17 @@ def _png(width: int, height: int, shade: int) -> str:
 
 
 def _sse(event: str, data: dict) -> str:
-    return f"event: {event}\ndata: {json.dumps({'type': event, **data})}\n\n"
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n"
+
+
+def _news(name: str, data: dict) -> str:
+    """ardit's own news travel as SSE comments (the openai client would parse any event's data as an image)."""
+    return f": {name} {json.dumps(data)}\n\n"
 
 
 def standin_app(received: list[dict]) -> FastAPI:
-    """The playground beside a streaming Images API: progress, 3 partial images, the image, [DONE]."""
+    """The playground beside a streaming Images API as the gateway streams: OpenAI's events for the partial images and
+    the image, ardit's progress and summary as comments, keep-alives, [DONE]; or an error event mid-stream."""
     app = FastAPI()
     app.include_router(playground.router)
 
@@ -178,20 +199,24 @@ def standin_app(received: list[dict]) -> FastAPI:
                   "created_at": int(time.time())}
 
         async def events():
-            text = ": keep-alive\n\n"
+            text = _news("ardit.started", {"seed": body["seed"], "n": 1, "size": body["size"], "grid_rows": 4})
             for row in range(1, 5):
-                text += _sse("ardit.progress", {"index": 0, "stage": "ar_decode", "step": row, "total": 4})
+                text += _news("ardit.progress", {"image_index": 0, "stage": "ar_decode", "step": row, "total": 4})
+            text += ": keep-alive\n\n"
             for index in range(body["partial_images"]):
-                text += _sse("ardit.progress", {"index": 0, "stage": "denoise", "step": index + 1, "total": 4})
-                text += _sse("image_generation.partial_image",
-                             {"b64_json": _png(width, height, 60 * index), "partial_image_index": index, **common})
+                text += _news("ardit.progress", {"image_index": 0, "stage": "denoise", "step": index + 1, "total": 4})
+                text += _sse("image_generation.partial_image", {"type": "image_generation.partial_image",
+                             "b64_json": _png(width, height, 60 * index), "partial_image_index": index, **common})
                 if body["prompt"] == "fail":
                     text += _sse("error", {"error": {"message": "dit_service is unavailable: it went away",
                                                      "type": "server_error", "param": None, "code": "unavailable"}})
                     break
             else:
-                text += _sse("image_generation.completed", {"b64_json": _png(width, height, 250), **common,
-                                                            "usage": {"total_tokens": 0}})
+                text += _sse("image_generation.completed", {"type": "image_generation.completed",
+                             "b64_json": _png(width, height, 250), **common, "usage": {"total_tokens": 0},
+                             "image_index": 0, "seed": body["seed"]})
+                text += _news("ardit.completed", {"seed": body["seed"], "seeds": [body["seed"]],
+                                                  "timings": {"ar_decode_ms": 40.0, "denoise_ms": 7.0, "total_ms": 52.0}})
                 text += "data: [DONE]\n\n"
             for start in range(0, len(text), 777):  # messages split across reads, even mid-line
                 yield text[start:start + 777].replace("\n", "\r\n")
@@ -226,15 +251,18 @@ def test_streamed_previews_then_the_image_and_errors_from_the_stream(standin, br
     browser.get(f"{url}/")
     page.wait(lambda: page["model"].text.startswith("model standin"), "the model card to load")
     page.fill(prompt="a lighthouse", size="320x192", seed="7", steps="4")
+    page.record_arrivals()
     page["generate"].click()
     page.wait_for_result()
     page.shot("1-done")
     assert received[-1] == {"prompt": "a lighthouse", "size": "320x192", "n": 1, "response_format": "b64_json",
                             "seed": 7, "num_inference_steps": 4, "stream": True, "partial_images": 3}
     assert page.previews() == [(320, 192)] * 3
+    assert page.arrivals() == ["preview", "preview", "preview", "image"]
     assert page.result_size() == (320, 192)
     assert page.js("return document.getElementById('progress').value") == 1
     assert page["status"].text == "Done." and "seed 7" in page["details"].text
+    assert "ar decode 40 ms · denoise 7 ms · total 52 ms" in page["details"].text  # from the summary after the image
 
     page.fill(prompt="fail")
     page["generate"].click()
