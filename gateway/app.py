@@ -229,9 +229,11 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         app.state.ar_channel = ar_channel
         app.state.dit_channel = dit_channel
         app.state.generator = ar_pb2_grpc.ImageGeneratorStub(ar_channel)
+        sweeping = asyncio.ensure_future(stored_images.sweep_forever(app.state.image_store))
         try:
             yield
         finally:
+            sweeping.cancel()
             await ar_channel.close()
             await dit_channel.close()
 

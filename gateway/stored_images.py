@@ -13,6 +13,8 @@ with its expiry, and an unknown or expired name with a 404 in OpenAI's error sha
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import re
 import secrets
@@ -33,6 +35,8 @@ from starlette.concurrency import run_in_threadpool
 from gateway.errors import APIError
 from gateway.schemas import ErrorResponse
 from gateway.settings import GatewaySettings
+
+log = logging.getLogger("gateway")
 
 ROUTE_PREFIX = "/v1/images/files/"
 CONTENT_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
@@ -242,6 +246,17 @@ def open_store(settings: GatewaySettings, clock: Clock = time.time) -> ImageStor
     if settings.image_store_dir is not None:
         return DirectoryImageStore(settings.image_store_dir, *limits, clock=clock)
     return MemoryImageStore(*limits, clock=clock)
+
+
+async def sweep_forever(store: ImageStore) -> None:
+    """Drops expired images every ``min(60 s, ttl / 2)``, so that an idle gateway lets go of them too."""
+    interval_s = min(60.0, store.ttl_s / 2)
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await run_in_threadpool(store.sweep)
+        except OSError as exc:  # e.g. a shared directory briefly unavailable: try again next time
+            log.warning("sweeping the image store failed: %s", exc)
 
 
 def image_url(request: Request, name: str) -> str:

@@ -8,6 +8,7 @@ does the same over the real services.
 from __future__ import annotations
 
 import io
+import time
 from concurrent import futures
 from email.utils import parsedate_to_datetime
 from pathlib import Path
@@ -295,3 +296,16 @@ def test_gateways_sharing_a_directory_serve_each_others_images(painter, tmp_path
         url = one.post("/v1/images/generations", json={"prompt": "a fox", "response_format": "url"}).json()["data"][0]["url"]
         response = other.get(url)
         assert response.status_code == 200 and response.headers["content-type"] == "image/png"
+
+
+def test_an_idle_gateway_sweeps_expired_images(painter, tmp_path):
+    """No request needed: the gateway's sweeper drops what expired (ttl 0.2 s: it sweeps every 0.1 s)."""
+    clock = FakeClock()
+    with gateway(painter, clock, image_store_dir=tmp_path, image_url_ttl_s=0.2) as client:
+        client.post("/v1/images/generations", json={"prompt": "a fox", "n": 2, "response_format": "url"})
+        assert len(list(tmp_path.iterdir())) == 2
+        clock.now += 0.2  # expired on the store's clock; the sweeper runs on real time
+        deadline = time.monotonic() + 30
+        while list(tmp_path.iterdir()):
+            assert time.monotonic() < deadline, "expired images were not swept"
+            time.sleep(0.05)
