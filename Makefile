@@ -8,11 +8,15 @@ VENV ?= .venv
 TORCH_SPEC ?= torch>=2.4
 MODEL_DIR ?= models/tiny
 PYTEST_ARGS ?=
+# checkov scans the Kubernetes manifests (tests/test_k8s_manifests.py); it lives in an environment of its own
+# because its pinned dependencies would downgrade torch's.
+CHECKOV_VENV ?= .venv-checkov
+CHECKOV_SPEC ?= checkov==3.3.30
 
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint install model protos clean
+.PHONY: up test lint install model protos checkov clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,10 +34,16 @@ $(MODEL_DIR)/config.json: | $(STAMP)
 
 model: $(MODEL_DIR)/config.json
 
+$(CHECKOV_VENV)/bin/checkov:
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet "$(CHECKOV_SPEC)"
+
+checkov: $(CHECKOV_VENV)/bin/checkov
+
 up: install model
 	$(BIN)/python -m tools.run_all --model-dir $(MODEL_DIR)
 
-test: install model
+test: install model checkov
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # ruff (pyflakes, pycodestyle, isort, bugbear, pyupgrade) over the tree, mypy over the five packages;
@@ -46,4 +56,4 @@ protos: install
 	$(BIN)/python -m protos.generate
 
 clean:
-	rm -rf $(VENV) $(MODEL_DIR)
+	rm -rf $(VENV) $(CHECKOV_VENV) $(MODEL_DIR)

@@ -54,8 +54,41 @@ def test_three_services_from_one_image_with_grpc_health_checks():
     assert services["gateway"]["ports"] == ["8000:8000"]
     assert services["ar"]["depends_on"]["dit"]["condition"] == "service_healthy"
     assert services["gateway"]["depends_on"]["ar"]["condition"] == "service_healthy"
-    assert "dit:50052" in services["ar"]["command"]
     assert "models" in spec["volumes"]
+
+
+def grpc_target(command: list[str], flag: str) -> str:
+    return command[command.index(flag) + 1]
+
+
+def test_the_model_services_scale_behind_their_service_names():
+    """`docker compose up --scale dit=2 --scale ar=2`: only the gateway publishes a port, clients resolve every replica."""
+    services = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
+    for name in ("ar", "dit"):
+        assert not {"container_name", "hostname", "ports"} & services[name].keys(), name  # each would clash between replicas
+    assert grpc_target(services["ar"]["command"], "--dit-address") == "dns:///dit:50052"
+    assert grpc_target(services["gateway"]["command"], "--ar-address") == "dns:///ar:50051"
+    assert grpc_target(services["gateway"]["command"], "--dit-address") == "dns:///dit:50052"
+
+
+def scaled(tmp_path: Path, extra: str = "") -> subprocess.CompletedProcess:
+    """compose.yaml with two replicas of ar and dit (what --scale sets), resolved by the Compose binary."""
+    override = tmp_path / "compose.scale.yaml"
+    override.write_text(f"services:\n  ar:\n    deploy: {{replicas: 2}}\n  dit:\n    deploy: {{replicas: 2}}\n{extra}")
+    return run_compose(ROOT / "compose.yaml", override, args=("config", "--format", "json"))
+
+
+def test_two_replicas_of_each_model_service_are_a_valid_project(tmp_path):
+    result = scaled(tmp_path)
+    assert result.returncode == 0, result.stderr
+    services = json.loads(result.stdout)["services"]
+    assert services["ar"]["deploy"]["replicas"] == services["dit"]["deploy"]["replicas"] == 2
+    assert [port["published"] for port in services["gateway"]["ports"]] == ["8000"]
+
+
+def test_the_compose_check_does_reject_a_fixed_container_name_on_a_scaled_service(tmp_path):
+    result = scaled(tmp_path, extra="    container_name: ardit-dit\n")
+    assert result.returncode != 0 and "container_name" in result.stderr
 
 
 def gpus(service: dict) -> list[str]:
