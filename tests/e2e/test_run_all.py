@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 
 from tools.local_stack import ROOT, free_port
+from tools.run_all import RestartPolicy
 
 START_TIMEOUT_S = 180
 # Serving again within 30 s of the crash, nothing done by hand; on a machine so loaded that the stack's first
@@ -167,3 +168,12 @@ def test_a_service_that_keeps_crashing_is_given_up_on_and_everything_stops(tiny_
     assert "ardit: dit_service exited with code 1: 2 exits within 60 s; giving up and stopping everything" in launcher.lines
     for pid in launcher.pids("ar_service") + launcher.pids("gateway"):
         assert not alive(pid), launcher.output
+
+
+def test_restart_backoff_doubles_to_a_cap_and_forgets_exits_older_than_the_window():
+    policy = RestartPolicy(max_crashes=7, window_s=60)
+    assert [policy.after_exit(now) for now in range(6)] == [1, 2, 4, 8, 16, 16]
+    assert policy.after_exit(6) is None  # the 7th exit within 60 s
+    assert RestartPolicy(max_crashes=2, window_s=60).after_exit(0) == 1
+    spaced = RestartPolicy(max_crashes=2, window_s=60)
+    assert [spaced.after_exit(now) for now in (0, 61, 122)] == [1, 1, 1]  # one exit a minute: never given up on
