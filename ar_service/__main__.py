@@ -8,6 +8,7 @@ import time
 
 from ar_service.settings import ARSettings
 from servicekit.logs import setup_logging
+from servicekit.ports import refuse_busy_ports
 from servicekit.settings import load_settings
 
 log = logging.getLogger("ar_service")
@@ -16,6 +17,7 @@ log = logging.getLogger("ar_service")
 def main(argv: list[str] | None = None) -> None:
     settings = load_settings(ARSettings, argv, prog="python -m ar_service", description="ardit's AR service and front door")
     setup_logging(settings.log_level)
+    refuse_busy_ports("ar_service", settings.host, settings.port, settings.metrics_port)  # before the slow imports and the load
 
     from ar_service.engine import AREngine
     from ar_service.model.loading import load_ar
@@ -85,11 +87,8 @@ def main(argv: list[str] | None = None) -> None:
     if settings.metrics_port:
         from prometheus_client import start_http_server
 
-        try:
-            start_http_server(settings.metrics_port, addr=settings.host, registry=engine.metrics.registry)
-            log.info("ar_service metrics on http://%s:%d/metrics", settings.host, settings.metrics_port)
-        except OSError as exc:
-            log.error("ar_service metrics not served: port %d: %s", settings.metrics_port, exc)
+        start_http_server(settings.metrics_port, addr=settings.host, registry=engine.metrics.registry)
+        log.info("ar_service metrics on http://%s:%d/metrics", settings.host, settings.metrics_port)
     running.servicer.engine = engine
     running.set_serving(True)
     log.info(

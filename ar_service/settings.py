@@ -78,7 +78,7 @@ class ARSettings(ModelServiceSettings):
     prefix_cache: bool = Field(True, description="prefill the shared system-prompt prefix once and reuse its K/V")
     metrics_port: int = Field(
         0, ge=0, le=65535,
-        description="serve Prometheus metrics on this port (0 = off; e.g. 9451); a port in use is logged, not fatal",
+        description="serve Prometheus metrics on this port (0 = off; e.g. 9451); a port in use refuses the start, like the gRPC port",
     )
     # -- shutdown --
     shutdown_drain_s: float = Field(0.0, ge=0, description="on SIGTERM, report NOT_SERVING this long before refusing calls")

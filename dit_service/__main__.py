@@ -9,6 +9,7 @@ import time
 
 from dit_service.settings import DiTSettings
 from servicekit.logs import setup_logging
+from servicekit.ports import refuse_busy_ports
 from servicekit.settings import load_settings
 
 log = logging.getLogger("dit_service")
@@ -17,6 +18,7 @@ log = logging.getLogger("dit_service")
 def main(argv: list[str] | None = None) -> None:
     settings = load_settings(DiTSettings, argv, prog="python -m dit_service", description="ardit's DiT rendering service")
     setup_logging(settings.log_level)
+    refuse_busy_ports("dit_service", settings.host, settings.port, settings.metrics_port)  # before the slow imports and the load
 
     from dit_service.engine import DiTEngine
     from dit_service.model.pipeline import DiTPipeline

@@ -10,6 +10,7 @@ import uvicorn
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from servicekit.logs import setup_logging
+from servicekit.ports import refuse_busy_ports
 from servicekit.settings import load_settings
 
 log = logging.getLogger("gateway")
@@ -23,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
         description="ardit's OpenAI-compatible REST gateway in front of ar_service and dit_service.",
     )
     setup_logging(settings.log_level)
+    refuse_busy_ports("gateway", settings.host, settings.port)  # uvicorn would start the app first, then fail noisily
     app = create_app(settings)
     log.info("gateway on http://%s:%d -> ar %s, dit %s", settings.host, settings.port, settings.ar_address, settings.dit_address)
     try:

@@ -49,6 +49,8 @@ def server_options(
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
         ("grpc.http2.max_ping_strikes", 0),
+        # gRPC Python sets SO_REUSEPORT by default: a second server on a busy port would share it silently.
+        ("grpc.so_reuseport", 0),
     ]
 
 

@@ -1,8 +1,10 @@
-"""Starts dit_service, ar_service and the gateway on localhost in the foreground.
+"""Starts dit_service, ar_service and the gateway on localhost in the foreground, and keeps them up.
 
-Used by ``make up``. Ctrl-C (or SIGTERM, or any one service exiting) stops all three.
-Each service reads its own settings (flags, ARDIT_* environment, YAML); this tool only
-passes the model directory to the two model services.
+Used by ``make up``. It behaves like compose's ``restart: unless-stopped``: a service that exits is started
+again after a short backoff (1 s, doubling up to 16 s) while the other two keep running; a service that
+exits ``--max-crashes`` times within ``--crash-window-s`` seconds is given up on, and then all three stop
+(exit code 1). Ctrl-C (or SIGTERM) stops all three (exit code 0). Each service reads its own settings
+(flags, ARDIT_* environment, YAML); this tool only passes the ports and the model directory.
 """
 
 from __future__ import annotations
@@ -12,7 +14,94 @@ import signal
 import subprocess
 import sys
 import time
+from collections import deque
 from pathlib import Path
+
+FIRST_BACKOFF_S = 1.0
+MAX_BACKOFF_S = 16.0
+STOP_TIMEOUT_S = 10.0
+
+
+class RestartPolicy:
+    """When to start a service again after it exited: backoff doubling per recent exit, or give up."""
+
+    def __init__(self, max_crashes: int, window_s: float):
+        self.max_crashes = max_crashes
+        self.window_s = window_s
+        self.exits: deque[float] = deque()
+
+    def after_exit(self, now: float) -> float | None:
+        """Seconds to wait before the restart, or None: too many exits within the window, give up."""
+        self.exits.append(now)
+        while self.exits and self.exits[0] < now - self.window_s:
+            self.exits.popleft()
+        if len(self.exits) >= self.max_crashes:
+            return None
+        return min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2 ** (len(self.exits) - 1))
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class Service:
+    """One child process under ``restart: unless-stopped``."""
+
+    def __init__(self, name: str, args: list[str], policy: RestartPolicy):
+        self.name = name
+        self.command = [sys.executable, "-m", name, *args]
+        self.policy = policy
+        self.process: subprocess.Popen | None = None
+        self.restart_at: float | None = None  # set while waiting out the backoff
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(self.command)
+        self.restart_at = None
+        say(f"{self.name} started (pid {self.process.pid})")
+
+    def check(self, now: float) -> bool:
+        """Restarts the service when it is due; returns False when the service is given up on."""
+        if self.restart_at is not None:
+            if now >= self.restart_at:
+                self.start()
+            return True
+        assert self.process is not None
+        code = self.process.poll()
+        if code is None:
+            return True
+        delay = self.policy.after_exit(now)
+        if delay is None:
+            say(
+                f"{self.name} {describe_exit(code)}: {self.policy.max_crashes} exits within {self.policy.window_s:g} s; "
+                "giving up and stopping everything"
+            )
+            return False
+        say(f"{self.name} {describe_exit(code)}; restarting it in {delay:g} s (the others keep running)")
+        self.restart_at = now + delay
+        return True
+
+    def terminate(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+
+    def wait(self, deadline: float) -> None:
+        if self.process is None:
+            return
+        try:
+            self.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            say(f"{self.name} did not stop within {STOP_TIMEOUT_S:g} s; killing it")
+            self.process.kill()
+            self.process.wait()
+
+
+def say(message: str) -> None:
+    print(f"ardit: {message}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,20 +110,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gateway-port", type=int, default=8000, help="HTTP port of the gateway (default: 8000)")
     parser.add_argument("--ar-port", type=int, default=50051, help="gRPC port of ar_service (default: 50051)")
     parser.add_argument("--dit-port", type=int, default=50052, help="gRPC port of dit_service (default: 50052)")
+    parser.add_argument("--max-crashes", type=int, default=5, help="give up after this many exits of one service ... (default: 5)")
+    parser.add_argument("--crash-window-s", type=float, default=60.0, help="... within this many seconds (default: 60)")
     args = parser.parse_args(argv)
+    if args.max_crashes < 1 or args.crash_window_s <= 0:
+        parser.error("--max-crashes must be at least 1 and --crash-window-s positive")
 
     ar, dit = f"127.0.0.1:{args.ar_port}", f"127.0.0.1:{args.dit_port}"
     commands = {
-        "dit_service": ["dit_service", "--port", str(args.dit_port), "--model-dir", str(args.model_dir)],
-        "ar_service": ["ar_service", "--port", str(args.ar_port), "--model-dir", str(args.model_dir), "--dit-address", dit],
-        "gateway": ["gateway", "--port", str(args.gateway_port), "--ar-address", ar, "--dit-address", dit],
+        "dit_service": ["--port", str(args.dit_port), "--model-dir", str(args.model_dir)],
+        "ar_service": ["--port", str(args.ar_port), "--model-dir", str(args.model_dir), "--dit-address", dit],
+        "gateway": ["--port", str(args.gateway_port), "--ar-address", ar, "--dit-address", dit],
     }
-    processes = [(name, subprocess.Popen([sys.executable, "-m", *command])) for name, command in commands.items()]
-    print(
-        f"ardit: gateway on http://127.0.0.1:{args.gateway_port} (ar_service {ar}, dit_service {dit}); "
-        "Ctrl-C stops all three",
-        flush=True,
-    )
+    services = [Service(name, command, RestartPolicy(args.max_crashes, args.crash_window_s)) for name, command in commands.items()]
 
     stopping = False
 
@@ -44,24 +132,25 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
+    for service in services:
+        service.start()
+    say(
+        f"gateway on http://127.0.0.1:{args.gateway_port} (ar_service {ar}, dit_service {dit}); "
+        "a service that exits is restarted; Ctrl-C stops all three"
+    )
     exit_code = 0
     while not stopping:
-        for name, process in processes:
-            if process.poll() is not None:
-                print(f"ardit: {name} exited with code {process.returncode}; stopping the others", flush=True)
-                exit_code = process.returncode or 1
-                stopping = True
-                break
+        now = time.monotonic()
+        if not all(service.check(now) for service in services):
+            exit_code = 1
+            break
         time.sleep(0.2)
-    for _, process in processes:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    for _, process in processes:
-        try:
-            process.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
+    for service in services:
+        service.terminate()
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for service in services:
+        service.wait(deadline)
+    say("stopped")
     return exit_code
 
 
