@@ -9,6 +9,7 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
+from servicekit import tracing
 from servicekit.logs import setup_logging
 from servicekit.settings import load_settings
 
@@ -23,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
         description="ardit's OpenAI-compatible REST gateway in front of ar_service and dit_service.",
     )
     setup_logging(settings.log_level)
+    tracing.setup("gateway")  # off unless the OTEL_* environment asks for it
     app = create_app(settings)
     log.info("gateway on http://%s:%d -> ar %s, dit %s", settings.host, settings.port, settings.ar_address, settings.dit_address)
     try:
