@@ -20,6 +20,7 @@ COPY ar_service ./ar_service
 COPY dit_service ./dit_service
 COPY gateway ./gateway
 COPY tools ./tools
+COPY ardit_cli ./ardit_cli
 RUN pip install .
 
 RUN mkdir -p /models && chown ardit:ardit /models

@@ -51,7 +51,8 @@ print(json.dumps({
 def run_probe(env_extra: dict[str, str], imports: str = "") -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "ARDIT_", "FASTAPI_OTEL"))}
     env.update({"PYTHONPATH": str(ROOT), "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost", **env_extra})
-    done = subprocess.run([sys.executable, "-c", PROBE.replace("{imports}", imports)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    probe = PROBE.replace("{imports}", imports)
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
