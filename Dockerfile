@@ -23,7 +23,8 @@ COPY tools ./tools
 COPY ardit_cli ./ardit_cli
 RUN pip install .
 
-RUN mkdir -p /models && chown ardit:ardit /models
+# /images: the gateway's URL image store in compose.yaml (a named volume takes this ownership)
+RUN mkdir -p /models /images && chown ardit:ardit /models /images
 USER ardit
 VOLUME ["/models"]
 EXPOSE 8000 50051 50052

@@ -27,6 +27,18 @@ IMAGE_GENERATOR_SERVICE = ar_pb2.DESCRIPTOR.services_by_name["ImageGenerator"].f
 SPAN_PREFIX = IMAGE_GENERATOR_SERVICE + "/"  # a call's span is named service/method, as gRPC's own tracing does
 POLL_SECONDS = 0.1
 
+#: gRPC Python reports a call without a deadline as ~9.2e18 s remaining (the core's infinite future), and a
+#: client call cannot carry a deadline past 2262 (int64 nanoseconds since the epoch): passed on as the Render
+#: call's timeout, such a value wraps into the past and dit_service answers DEADLINE_EXCEEDED at once. A
+#: deadline further away than this is no deadline.
+NO_DEADLINE_BEYOND_S = 10 * 365 * 24 * 3600.0
+
+
+def caller_timeout(context: grpc.ServicerContext) -> float | None:
+    """Seconds left before the caller's deadline, or None when the caller set none."""
+    remaining = context.time_remaining()
+    return None if remaining is None or remaining > NO_DEADLINE_BEYOND_S else remaining
+
 
 def _image_message(image: events.FinishedImage) -> common_pb2.GeneratedImage:
     return common_pb2.GeneratedImage(
@@ -162,7 +174,7 @@ class ImageGeneratorServicer(ar_pb2_grpc.ImageGeneratorServicer):
             tracing.set_attributes(
                 span, request_id=plan.request_id, n=plan.n, width=plan.width, height=plan.height, seed=plan.seed
             )
-            job = engine.submit(plan, mode=mode, timeout=context.time_remaining(), trace=tracing.context_of(span))
+            job = engine.submit(plan, mode=mode, timeout=caller_timeout(context), trace=tracing.context_of(span))
         except QueueFull as exc:
             log.warning("request %s refused: %s", plan.request_id, exc.message)
             abort_rejected(context, exc)

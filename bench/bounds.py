@@ -1,225 +1,371 @@
-"""Physical bounds of the machine, and what each stage would take at them.
+"""The machine's physical bounds: device copy bandwidth and bf16 matmul rate, measured so a peer can trust them.
 
-Two measurements, made on the device the services ran on, in the same run as the sweep:
+``python -m bench.bounds --out bounds.json`` (needs torch alone); the harness measures the same before it starts
+the services. Method:
 
-- copy bandwidth: ``dst.copy_(src)`` of a bf16 tensor (>= 1 GiB on a GPU), bytes read + written / time, best of
-  several. A decode token has to stream every weight it touches once, so ``decode_weight_bytes / bandwidth`` is
-  the least time one AR decode token can take at batch 1.
-- matmul rate: a bf16 ``n x n @ n x n`` (8192 on a GPU), 2 n^3 / time, best of several. The DiT's denoise is a
-  stack of large GEMMs plus attention, so its FLOPs over this rate is the least time the denoise can take.
-
-The FLOP and byte counts are analytic, from the checkpoint's own config (the module trees in
-``ar_service/model/modeling.py`` and ``dit_service/model/transformer.py``); nothing here loads a model.
+- Each probe (one matmul shape, or one copy size) runs back to back in windows of about ``window_s``, the device
+  synchronised only at a window's end; a window's rate is the work of its runs over its wall time. Warm-up
+  lasts at least ``min_warm_s`` and until the last ``agree`` windows agree within ``tolerance``: an idle GPU
+  ramps its clocks over a second or more (an H200 read 655-671 TFLOP/s after 0.3 s of warm-up, 780-800 after a
+  longer one). Then ``windows`` windows are timed; the probe's figure is the best of them, with their median.
+- The bound is the best probe: matmuls of several shapes (bf16, random data: zeros run faster and are not what a
+  model multiplies), 2 m k n FLOPs each; copies of several sizes, all far larger than the L2 cache.
+- Copy bytes are counted as read + written: ``dst.copy_(src)`` of N bytes moves 2 N bytes through memory, which
+  is how the datasheet's memory bandwidth counts traffic. One AR decode token reads every weight it touches
+  once, so weight bytes / this bandwidth is the least time it can take.
+- Beside the figures: the card's datasheet peaks where the card is known (``bench.datasheet``), and its clocks,
+  power and temperature from ``nvidia-smi`` when that answers (idle before the probes, and under load after
+  each probe), so a reader can see whether the clocks were up.
 """
 
 from __future__ import annotations
 
+import argparse
+import datetime as dt
 import math
+import shlex
+import statistics
+import subprocess
+import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
-from ar_service.model.configuration import ARConfig
-from ar_service.model.modeling import count_decode_parameters
-from dit_service.model.sampler import uses_cfg
-from dit_service.model.transformer import ffn_inner_dim
+from bench import datasheet
+from bench.report import emit
 
+MIB = 1024**2
 GIB = 1024**3
+GPU_MATMUL_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (16384, 8192, 8192))  # (m, k, n)
+CPU_MATMUL_SHAPES = ((512, 512, 512), (1024, 1024, 1024))
+GPU_COPY_BYTES = (256 * MIB, GIB, 4 * GIB)
+CPU_COPY_BYTES = (64 * MIB, 256 * MIB)
+
+# What nvidia-smi is asked; every field has been in its --query-gpu list for many driver releases.
+SMI_FIELDS = ("name", "clocks.sm", "clocks.max.sm", "clocks.mem", "clocks.max.mem", "power.draw", "power.limit",
+              "temperature.gpu", "pstate")
 
 
-# -- measurements --------------------------------------------------------------------------------------------------
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _best_seconds(run, device: torch.device, repeats: int, warm_s: float = 0.3) -> float:
-    """Best wall time of ``run`` over ``repeats``, after running it for ``warm_s``, so that a GPU that was idle is
-    at its working clocks (on one H200 a copy timed without this read 3.6 TB/s, one timed after other work 4.2)."""
-    started = time.perf_counter()
-    while time.perf_counter() - started < warm_s:
-        run()
-        _sync(device)
-    best = math.inf
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        _sync(device)
-        best = min(best, time.perf_counter() - started)
-    return best
-
-
-def copy_bandwidth(device: str | torch.device, nbytes: int = GIB, repeats: int = 10) -> dict:
-    """Device-to-device copy of a bf16 tensor of ``nbytes``; bytes moved = read + written. Best of ``repeats``."""
-    device = torch.device(device)
-    numel = max(1, nbytes // 2)
-    src = torch.empty(numel, dtype=torch.bfloat16, device=device).fill_(1.0)
-    dst = torch.empty_like(src)
-    best = _best_seconds(lambda: dst.copy_(src), device, repeats)
-    moved = 2 * numel * 2
-    return {"bytes": numel * 2, "repeats": repeats, "best_s": best, "gb_per_s": moved / best / 1e9}
-
-
-def matmul_rate(device: str | torch.device, n: int = 8192, repeats: int = 10, dtype: torch.dtype = torch.bfloat16) -> dict:
-    """``n x n @ n x n`` in ``dtype``: 2 n^3 FLOPs per product, best of ``repeats``."""
-    device = torch.device(device)
-    generator = torch.Generator(device="cpu").manual_seed(0)
-    a = torch.randn(n, n, generator=generator).to(device=device, dtype=dtype)
-    b = torch.randn(n, n, generator=generator).to(device=device, dtype=dtype)
-    out = torch.empty(n, n, device=device, dtype=dtype)
-    best = _best_seconds(lambda: torch.matmul(a, b, out=out), device, repeats)
-    return {"n": n, "dtype": str(dtype).removeprefix("torch."), "repeats": repeats, "best_s": best,
-            "tflop_per_s": 2 * n**3 / best / 1e12}
-
-
-def measure(device: str | torch.device, copy_bytes: int | None = None, matmul_n: int | None = None,
-            repeats: int = 10) -> dict:
-    """Both measurements; sizes default to 1 GiB / 8192 on a GPU and 256 MiB / 2048 on the CPU."""
-    device = torch.device(device)
-    gpu = device.type == "cuda"
-    copy_bytes = copy_bytes or (GIB if gpu else 256 * 1024**2)
-    matmul_n = matmul_n or (8192 if gpu else 2048)
-    result = {"device": str(device), "copy": copy_bandwidth(device, copy_bytes, repeats),
-              "matmul": matmul_rate(device, matmul_n, repeats)}
-    if gpu:
-        result["device_name"] = torch.cuda.get_device_name(device)
-        torch.cuda.empty_cache()
-    return result
-
-
-# -- AR: bytes per decode token --------------------------------------------------------------------------------------
-
-
-def decode_weight_bytes(config: ARConfig, dtype_bytes: int = 2) -> int:
-    """Weight bytes one text-to-image decode token reads, at batch 1 (``count_decode_parameters``)."""
-    return count_decode_parameters(config) * dtype_bytes
-
-
-def ar_bound_ms_per_token(config: ARConfig, gb_per_s: float, dtype_bytes: int = 2) -> float:
-    return decode_weight_bytes(config, dtype_bytes) / (gb_per_s * 1e9) * 1e3
-
-
-# -- DiT: FLOPs of a denoise -----------------------------------------------------------------------------------------
+# -- warm up until steady, then time -----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class DiTShape:
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    ffn: int
-    layers: int
-    refiner_layers: int
-    patch_dim: int  # p * p * in_channels
-    out_dim: int  # p * p * out_channels
-    patch: int
-    condition_dim: int  # the AR's hidden size (caption_embedder input)
-    vae_scale: int
+class Settings:
+    """How long to warm up and how much to time (see the module's docstring)."""
 
-    @classmethod
-    def from_root_config(cls, config: dict) -> DiTShape:
-        from dit_service.model.pipeline import llm_hidden_size
+    min_warm_s: float = 2.0  # least warm-up per probe
+    window_s: float = 0.2  # the work in one window, in seconds
+    tolerance: float = 0.015  # the last `agree` warm-up windows' rates within 1.5% of each other
+    agree: int = 3
+    windows: int = 5  # timed windows after warm-up
+    max_warm_s: float = 30.0  # give up waiting for agreement (the figure is then marked not stable)
 
-        dit = config["gen_dit_config"]
-        hidden, heads = int(dit["hidden_size"]), int(dit["num_attention_heads"])
-        p, c = int(dit.get("patch_size", 2)), int(dit.get("in_channels", 16))
-        out_c = int(dit.get("out_channels") or c)
-        vae_blocks = len(config["gen_vae_config"]["block_out_channels"])
-        return cls(
-            hidden=hidden, heads=heads, kv_heads=int(dit["num_kv_heads"]), head_dim=hidden // heads,
-            ffn=ffn_inner_dim(hidden, int(dit.get("multiple_of", 256)), dit.get("ffn_dim_multiplier")),
-            layers=int(dit["num_layers"]), refiner_layers=int(dit.get("num_refiner_layers", 2)),
-            patch_dim=p * p * c, out_dim=p * p * out_c, patch=p, condition_dim=llm_hidden_size(config),
-            vae_scale=2 ** (vae_blocks - 1),
-        )
-
-    def latent_tokens(self, width: int, height: int) -> int:
-        """Image patches: (H/8/p) * (W/8/p)."""
-        return (height // self.vae_scale // self.patch) * (width // self.vae_scale // self.patch)
-
-    def block_flops(self, tokens: int, modulated: bool, sample_rows: int = 1) -> tuple[float, float]:
-        """(linear, attention) FLOPs of one transformer block over ``tokens`` rows: its linear layers
-        (2 * params * tokens; the modulation linear runs on ``sample_rows`` rows) and attention (QK^T and AV:
-        4 * L^2 * head_dim * heads)."""
-        d, hd = self.hidden, self.head_dim
-        linear_params = d * self.heads * hd + 2 * d * self.kv_heads * hd + self.heads * hd * d + 3 * d * self.ffn
-        linear = 2.0 * linear_params * tokens + (2.0 * min(d, 1024) * 4 * d * sample_rows if modulated else 0.0)
-        return linear, 4.0 * tokens**2 * hd * self.heads
-
-    def forward_flops_parts(self, condition_tokens: int, image_tokens: int, sample_rows: int = 1) -> tuple[float, float]:
-        """(linear, attention) FLOPs of one transformer evaluation of one sample: condition projection and context
-        refiner (condition rows), x_embedder and noise refiner (image rows), the joint layers and the output
-        projection (both). Norms, RoPE and the Euler update are elementwise and left out. The per-sample linears
-        (timestep embedding, modulation) count ``sample_rows`` rows: 1 is the useful work; the transformer pads
-        them to ``MIN_ROWS`` (16), which a FLOP counter sees."""
-        d = self.hidden
-        joint = condition_tokens + image_tokens
-        linear = 2.0 * (256 * min(d, 1024) + min(d, 1024) ** 2) * sample_rows  # timestep embedding
-        attention = 0.0
-        blocks = [(image_tokens, True, self.refiner_layers), (joint, True, self.layers)]
-        if condition_tokens:
-            linear += 2.0 * self.condition_dim * d * condition_tokens
-            blocks.append((condition_tokens, False, self.refiner_layers))
-        linear += 2.0 * self.patch_dim * d * image_tokens
-        for tokens, modulated, count in blocks:
-            block_linear, block_attention = self.block_flops(tokens, modulated, sample_rows)
-            linear += count * block_linear
-            attention += count * block_attention
-        linear += 2.0 * min(d, 1024) * d * sample_rows + 2.0 * d * self.out_dim * joint  # norm_out
-        return linear, attention
-
-    def forward_flops(self, condition_tokens: int, image_tokens: int) -> float:
-        return sum(self.forward_flops_parts(condition_tokens, image_tokens))
+    def __post_init__(self) -> None:
+        if self.windows < 1 or self.agree < 1 or self.window_s <= 0 or self.tolerance < 0:
+            raise ValueError(f"windows and agree must be at least 1, window_s above 0, tolerance not negative; got "
+                             f"windows={self.windows}, agree={self.agree}, window_s={self.window_s}, "
+                             f"tolerance={self.tolerance}")
 
 
-def condition_tokens(config: dict, text_positions: int, grid_width: int, grid_height: int) -> int:
-    """Rows the DiT's conditional branch sees: the text condition when ``gen_condition_mode`` has "text", and the
-    image condition when it has "image": ``ar_h * (ar_w + 1)`` rows, or the refiner's ``num_queries`` rows when the
-    checkpoint has a Q-Former refiner (it replaces the image condition before the DiT; dit_service/model/refiner.py).
-    """
-    from ar_service.prompt import Grid
-    from dit_service.model.pipeline import DEFAULT_CONDITION_MODE, build_modules
+@dataclass
+class Steady:
+    """One probe's timing: ``rate`` (work units per second) is the best timed window."""
 
-    mode = config.get("gen_condition_mode") or DEFAULT_CONDITION_MODE
-    rows = text_positions if "text" in mode else 0
-    if "image" in mode:
-        with torch.device("meta"):  # the refiner as the DiT stage builds it, without memory
-            _, _, refiner = build_modules(config)
-        rows += refiner.num_queries if refiner is not None else Grid(grid_width, grid_height).condition_positions
-    return rows
+    rate: float
+    median: float
+    windows: list[float]  # the timed windows' rates
+    warm_s: float  # how long the warm-up ran
+    warm_windows: list[float]  # the warm-up windows' rates, in order: the clock ramp, for the record
+    stable: bool  # False: the warm-up reached max_warm_s before its windows agreed
+    runs_per_window: int
 
 
-def denoise_flops(
-    config: dict,
-    width: int,
-    height: int,
-    steps: int,
-    text_positions: int,
-    grid_width: int,
-    grid_height: int,
-    guidance: float,
-    cfg_range: tuple[float, float] = (0.0, 1.0),
-    uncond_positions: int = 0,
-) -> dict:
-    """FLOPs of one image's denoise: per step the conditional branch, plus the unconditional one (its own, shorter
-    sequence: ``uncond_positions`` rows, 0 without a negative prompt) on the steps guidance applies to."""
-    shape = DiTShape.from_root_config(config)
-    image = shape.latent_tokens(width, height)
-    cond = condition_tokens(config, text_positions, grid_width, grid_height)
-    cond_flops = shape.forward_flops(cond, image)
-    uncond_flops = shape.forward_flops(uncond_positions, image)
-    guided = sum(uses_cfg(i, steps, guidance, cfg_range) for i in range(steps))
-    total = steps * cond_flops + guided * uncond_flops
+def _window_rate(run: Callable[[], object], runs: int, work: float, sync: Callable[[], None],
+                 clock: Callable[[], float]) -> tuple[float, float]:
+    """(rate, seconds) of ``runs`` calls of ``run`` back to back, the device synchronised at the end only."""
+    started = clock()
+    for _ in range(runs):
+        run()
+    sync()
+    elapsed = clock() - started
+    return (runs * work / elapsed if elapsed > 0 else math.inf), elapsed
+
+
+def _agree(rates: list[float], tolerance: float) -> bool:
+    return min(rates) > 0 and max(rates) / min(rates) - 1 <= tolerance
+
+
+def steady_rate(run: Callable[[], object], work: float, sync: Callable[[], None] = lambda: None,
+                clock: Callable[[], float] = time.perf_counter, settings: Settings = Settings()) -> Steady:
+    """``run`` (``work`` units each) back to back in windows of about ``settings.window_s``: warm-up until at
+    least ``min_warm_s`` have passed and the last ``agree`` windows' rates lie within ``tolerance`` of each other
+    (or ``max_warm_s`` have passed: ``stable`` is then False), then ``windows`` timed windows. ``sync`` waits for
+    the device and ``clock`` reads seconds: parameters, so that a made-up device can drive the loop."""
+    runs = 1
+    warm_rates: list[float] = []
+    started = clock()
+    while True:
+        rate, elapsed = _window_rate(run, runs, work, sync, clock)
+        warm_rates.append(rate)
+        runs = max(1, round(settings.window_s * runs / elapsed)) if elapsed > 0 else runs * 2
+        warm_s = clock() - started
+        stable = len(warm_rates) >= settings.agree and _agree(warm_rates[-settings.agree:], settings.tolerance)
+        if (warm_s >= settings.min_warm_s and stable) or warm_s >= settings.max_warm_s:
+            break
+    timed = [_window_rate(run, runs, work, sync, clock)[0] for _ in range(settings.windows)]
+    return Steady(rate=max(timed), median=statistics.median(timed), windows=timed, warm_s=warm_s,
+                  warm_windows=warm_rates, stable=stable, runs_per_window=runs)
+
+
+# -- the probes ------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Probe:
+    """One thing to time: ``run`` does ``work`` units (FLOPs or bytes moved) per call; ``size`` says which."""
+
+    run: Callable[[], object]
+    work: float
+    size: dict
+
+
+def matmul_probe(device: torch.device, shape: tuple[int, int, int], dtype: torch.dtype = torch.bfloat16) -> Probe:
+    """``(m x k) @ (k x n)`` on random data into a preallocated output: 2 m k n FLOPs."""
+    m, k, n = shape
+    generator = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(m, k, generator=generator, device=device, dtype=dtype)
+    b = torch.randn(k, n, generator=generator, device=device, dtype=dtype)
+    out = torch.empty(m, n, device=device, dtype=dtype)
+    return Probe(lambda: torch.matmul(a, b, out=out), 2.0 * m * k * n, {"shape": [m, k, n]})
+
+
+def copy_probe(device: torch.device, nbytes: int) -> Probe:
+    """``dst.copy_(src)`` of ``nbytes`` of bf16: counted as 2 x ``nbytes`` moved (each byte read once, written
+    once)."""
+    numel = max(1, nbytes // 2)
+    src = torch.ones(numel, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    return Probe(lambda: dst.copy_(src), 2.0 * numel * 2, {"bytes": numel * 2})
+
+
+def best_of(results: list[dict], key: str) -> dict:
+    """The result with the highest ``key``: the bound is what the best size reached."""
+    if not results:
+        raise ValueError("no sizes were measured")
+    return max(results, key=lambda result: result[key])
+
+
+def _sync_for(device: torch.device) -> Callable[[], None]:
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def _time_probes(device: torch.device, probes: list[Callable[[], Probe]], unit_scale: float, key: str,
+                 settings: Settings) -> list[dict]:
+    """Each probe built, timed until steady, read by nvidia-smi under load (while a window's work is queued) and
+    freed before the next is built. Rates are divided by ``unit_scale`` and stored under ``key``."""
+    sync = _sync_for(device)
+    results = []
+    for make in probes:
+        probe = make()
+        timing = steady_rate(probe.run, probe.work, sync, settings=settings)
+        for _ in range(timing.runs_per_window):  # the device kept busy while nvidia-smi reads its clocks
+            probe.run()
+        under_load = gpu_state(device)
+        sync()
+        results.append({
+            **probe.size, key: timing.rate / unit_scale, f"median_{key}": timing.median / unit_scale,
+            f"windows_{key}": [rate / unit_scale for rate in timing.windows],
+            f"warm_windows_{key}": [rate / unit_scale for rate in timing.warm_windows],
+            "warm_s": timing.warm_s, "stable": timing.stable, "runs_per_window": timing.runs_per_window,
+            "gpu_under_load": under_load,
+        })
+        del probe
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return results
+
+
+def matmul_rate(device: str | torch.device, shapes: tuple | list | None = None, dtype: torch.dtype = torch.bfloat16,
+                settings: Settings = Settings()) -> dict:
+    """The best TFLOP/s over ``shapes`` ((m, k, n) each; default: three bf16 shapes up to 16384 x 8192 x 8192 on
+    a GPU), each warmed up until steady."""
+    device = torch.device(device)
+    shapes = shapes or (GPU_MATMUL_SHAPES if device.type == "cuda" else CPU_MATMUL_SHAPES)
+    sizes = _time_probes(device, [lambda s=tuple(s): matmul_probe(device, s, dtype) for s in shapes], 1e12,
+                         "tflop_per_s", settings)
+    best = best_of(sizes, "tflop_per_s")
+    return {"tflop_per_s": best["tflop_per_s"], "shape": best["shape"], "dtype": str(dtype).removeprefix("torch."),
+            "counted": "2 m k n FLOPs per (m x k) @ (k x n) product, random data", "sizes": sizes}
+
+
+def copy_bandwidth(device: str | torch.device, sizes: tuple | list | None = None, settings: Settings = Settings()) -> dict:
+    """The best GB/s (10^9 bytes, read + written) over copies of ``sizes`` bytes (default 256 MiB, 1 GiB and
+    4 GiB on a GPU), each warmed up until steady."""
+    device = torch.device(device)
+    sizes = sizes or (GPU_COPY_BYTES if device.type == "cuda" else CPU_COPY_BYTES)
+    results = _time_probes(device, [lambda n=int(n): copy_probe(device, n) for n in sizes], 1e9, "gb_per_s", settings)
+    best = best_of(results, "gb_per_s")
+    return {"gb_per_s": best["gb_per_s"], "bytes": best["bytes"],
+            "counted": "bytes read + bytes written: 2 x the tensor's size per copy", "sizes": results}
+
+
+# -- the card: name, datasheet, clocks -------------------------------------------------------------------------------
+
+
+def parse_smi(line: str, fields: tuple[str, ...] = SMI_FIELDS) -> dict:
+    """One ``nvidia-smi --query-gpu=... --format=csv,noheader,nounits`` line -> {field: value}; numbers as
+    floats, "[N/A]" and the like as None."""
+    values = [value.strip() for value in line.split(",")]
+    if len(values) != len(fields):
+        raise ValueError(f"expected {len(fields)} comma-separated values from nvidia-smi; got {line!r}")
+    parsed: dict = {}
+    for field, value in zip(fields, values, strict=True):
+        if value.startswith("[") or value in ("", "N/A"):
+            parsed[field] = None
+            continue
+        try:
+            parsed[field] = float(value)
+        except ValueError:
+            parsed[field] = value
+    return parsed
+
+
+def gpu_state(device: torch.device) -> dict | None:
+    """The card's clocks (MHz), power (W), temperature and performance state from nvidia-smi, or None where it
+    is absent or does not answer (a CPU, a container without it). The card is named by its UUID, which holds
+    whatever CUDA_VISIBLE_DEVICES says, then by its index."""
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    for target in ([f"GPU-{uuid}"] if uuid is not None else []) + [str(index)]:
+        try:
+            answer = subprocess.run(["nvidia-smi", f"--id={target}", f"--query-gpu={','.join(SMI_FIELDS)}",
+                                     "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10, check=True)
+            return parse_smi(answer.stdout.strip().splitlines()[0])
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+            continue
+    return None
+
+
+def measure(device: str | torch.device, matmul_shapes: tuple | list | None = None,
+            copy_sizes: tuple | list | None = None, settings: Settings = Settings()) -> dict:
+    """Both bounds (the matmul rate, then the copy bandwidth), with the card's datasheet peaks and nvidia-smi's
+    readings beside them. The keys ``copy.gb_per_s`` and ``matmul.tflop_per_s`` are the bounds. Matmuls are
+    bf16 on a GPU and float32 on a CPU (the dtype the services use there)."""
+    device = torch.device(device)
+    gpu = device.type == "cuda"
+    name = torch.cuda.get_device_name(device) if gpu else None
+    idle = gpu_state(device)
+    matmul = matmul_rate(device, matmul_shapes, torch.bfloat16 if gpu else torch.float32, settings=settings)
+    copy = copy_bandwidth(device, copy_sizes, settings=settings)
+    peaks = datasheet.peaks(name)
+    if peaks:
+        matmul["datasheet_tflop_per_s"] = peaks["bf16_dense_tflop_per_s"]
+        matmul["fraction_of_datasheet"] = matmul["tflop_per_s"] / peaks["bf16_dense_tflop_per_s"]
+        copy["datasheet_gb_per_s"] = peaks["memory_gb_per_s"]
+        copy["fraction_of_datasheet"] = copy["gb_per_s"] / peaks["memory_gb_per_s"]
+    if gpu:
+        torch.cuda.empty_cache()
     return {
-        "image_tokens": image, "condition_tokens": cond, "uncond_tokens": uncond_positions,
-        "transformer_calls": steps + guided, "flops": total,
-        "cond_forward_flops": cond_flops, "uncond_forward_flops": uncond_flops,
+        "device": str(device), "device_name": name, "torch": torch.__version__,
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "method": {**asdict(settings), "figure": "the best timed window of the best size, after warm-up until steady"},
+        "matmul": matmul, "copy": copy, "datasheet": peaks, "gpu_idle": idle,
     }
 
 
-def dit_tflop_per_s(flops: float, denoise_ms: float) -> float | None:
-    return flops / (denoise_ms / 1e3) / 1e12 if denoise_ms > 0 else None
+def summary(measured: dict) -> str:
+    """One line: both bounds, and the datasheet's figures where known."""
+    matmul, copy = measured["matmul"], measured["copy"]
+    parts = [f"matmul {matmul['tflop_per_s']:.4g} TFLOP/s ({matmul['dtype']} {'x'.join(map(str, matmul['shape']))})",
+             f"copy {copy['gb_per_s']:.4g} GB/s (read + write, {copy['bytes'] / MIB:.0f} MiB)"]
+    if measured.get("datasheet"):
+        peaks = measured["datasheet"]
+        parts.append(f"datasheet ({peaks['source']}): {peaks['bf16_dense_tflop_per_s']:g} TFLOP/s dense bf16, "
+                     f"{peaks['memory_gb_per_s']:g} GB/s")
+    return f"[bounds] {measured.get('device_name') or measured['device']}: " + "; ".join(parts)
+
+
+# -- command line ----------------------------------------------------------------------------------------------------
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    """``8192,16384x8192x8192`` -> [(8192, 8192, 8192), (16384, 8192, 8192)]: N is N x N x N, MxKxN is
+    (m x k) @ (k x n)."""
+    shapes = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        try:
+            dims = [int(d) for d in part.lower().split("x")]
+        except ValueError:
+            dims = []
+        if len(dims) not in (1, 3) or min(dims) < 1:
+            raise argparse.ArgumentTypeError(f"expected N or MxKxN, comma-separated; got {text!r}")
+        shapes.append((dims[0],) * 3 if len(dims) == 1 else (dims[0], dims[1], dims[2]))
+    if not shapes:
+        raise argparse.ArgumentTypeError(f"expected N or MxKxN, comma-separated; got {text!r}")
+    return shapes
+
+
+def parse_mib(text: str) -> list[int]:
+    """``256,1024`` (MiB) -> sizes in bytes."""
+    try:
+        sizes = [int(float(p) * MIB) for p in text.split(",") if p.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected sizes in MiB, comma-separated; got {text!r}")
+    return sizes
+
+
+def add_settings_options(parser: argparse.ArgumentParser, prefix: str = "") -> None:
+    """The warm-up and timing options (``Settings``), for this module's command line and the harness's
+    (``prefix="bounds-"``)."""
+    default = Settings()
+    parser.add_argument(f"--{prefix}warm-s", type=float, default=default.min_warm_s,
+                        help=f"least warm-up per size in seconds; it goes on until the rate is steady "
+                             f"(default {default.min_warm_s:g})")
+    parser.add_argument(f"--{prefix}max-warm-s", type=float, default=default.max_warm_s,
+                        help=f"most warm-up per size; past it the figure is marked not stable (default {default.max_warm_s:g})")
+    parser.add_argument(f"--{prefix}tolerance", type=float, default=default.tolerance,
+                        help=f"how closely the last {default.agree} warm-up windows must agree "
+                             f"(default {default.tolerance:g})")
+    parser.add_argument(f"--{prefix}windows", type=int, default=default.windows,
+                        help=f"timed windows per size after warm-up (default {default.windows})")
+
+
+def settings_from(args: argparse.Namespace, prefix: str = "") -> Settings:
+    """``Settings`` from the options ``add_settings_options`` added."""
+    attr = prefix.replace("-", "_")
+    return Settings(min_warm_s=getattr(args, f"{attr}warm_s"), max_warm_s=getattr(args, f"{attr}max_warm_s"),
+                    tolerance=getattr(args, f"{attr}tolerance"), windows=getattr(args, f"{attr}windows"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.bounds", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--matmul", type=parse_shapes, default=None,
+                        help="shapes, N or MxKxN, comma-separated (default 4096,8192,16384x8192x8192 on a GPU)")
+    parser.add_argument("--copy-mib", type=parse_mib, default=None,
+                        help="copy sizes in MiB, comma-separated (default 256,1024,4096 on a GPU)")
+    add_settings_options(parser)
+    args = parser.parse_args(argv)
+    try:
+        settings = settings_from(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    measured = measure(args.device, args.matmul, args.copy_mib, settings)
+    command = argv if argv is not None else sys.argv[1:]
+    measured["command"] = "python -m bench.bounds " + shlex.join(command)
+    emit(measured, args.out, heading=summary(measured))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,8 +1,12 @@
 """The dashboard of one harness run: ``DASHBOARD.md`` (tables and targets) and ``dashboard.png`` (curves).
 
-``python -m bench.dashboard RAW.json [--out DIR]`` (DIR defaults to the JSON's directory); ``bench.harness`` calls
-it at the end of a run. The PNG needs matplotlib (the ``bench`` extra: ``pip install -e '.[bench]'``); without it
-the markdown is written alone and says so, and the PNG can be made later from the same JSON on another machine.
+``python -m bench.dashboard RAW.json [--out DIR] [--bounds BOUNDS.json]`` (DIR defaults to the JSON's directory);
+``bench.harness`` calls it at the end of a run. ``--bounds`` sets the run's stage figures against bounds measured
+later by ``python -m bench.bounds --out BOUNDS.json`` on the same kind of card, instead of those measured in the
+run (the timings are the run's either way; the dashboard says which bounds it used).
+
+The PNG needs matplotlib (the ``bench`` extra: ``pip install -e '.[bench]'``); without it the markdown is written
+alone and says so, and the PNG can be made later from the same JSON on another machine.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+from bench import ratios
 
 MARKDOWN_NAME = "DASHBOARD.md"
 PNG_NAME = "dashboard.png"
@@ -52,23 +58,58 @@ def _verdict(value, ok) -> str:
     return "pass" if ok else "FAIL"
 
 
+def bounds_section(raw: dict) -> dict | None:
+    """The run's bounds section with each size's ratios derived afresh (``bench.ratios``) from its stage figures
+    and the bounds it holds, so that runs recorded before a ratio existed show it too."""
+    bounds = raw.get("bounds")
+    if not bounds or "measured" not in bounds or "decode_weight_bytes" not in bounds:
+        return bounds
+    rows = [ratios.set_ratios(dict(row), bounds["decode_weight_bytes"], bounds["measured"])
+            for row in bounds.get("per_size", [])]
+    return {**bounds, "per_size": rows}
+
+
+def _bound_values(bounds: dict | None) -> tuple[float | None, float | None, dict | None]:
+    """(copy GB/s, matmul TFLOP/s, datasheet peaks) of the bounds the ratios are taken against."""
+    measured = (bounds or {}).get("measured")
+    if not isinstance(measured, dict):
+        return None, None, None
+    return measured["copy"]["gb_per_s"], measured["matmul"]["tflop_per_s"], ratios.card_peaks(measured)
+
+
 def targets(raw: dict) -> list[list]:
-    """[target, measured, verdict] rows."""
+    """[target, measured, verdict] rows; the bound rows say what they are taken against."""
     rows = []
-    for row in (raw.get("bounds") or {}).get("per_size", []):
+    bounds = bounds_section(raw)
+    gb_per_s, tflops, peaks = _bound_values(bounds)
+    for row in (bounds or {}).get("per_size", []):
         label = f"{row['size']}/{row['steps']}"
         ratio = row.get("service_ar_ratio_to_bound")
-        rows.append([f"AR ms/token within {AR_BOUND_RATIO}x of bound ({label}, c1)",
-                     None if ratio is None else f"{ratio:.2f}x ({row['service_ar_ms_per_token']:.3f} vs "
-                                                f"{row['ar_bound_ms_per_token']:.3f} ms)",
+        text = None
+        if ratio is not None:
+            text = f"{ratio:.2f}x ({row['service_ar_ms_per_token']:.3f} vs {row['ar_bound_ms_per_token']:.3f} ms"
+            if gb_per_s is not None:
+                text += f": its weights read at the measured {gb_per_s:,.0f} GB/s"
+            if peaks and row.get("ar_bound_ms_per_token_at_datasheet"):
+                text += (f"; {row['ar_bound_ms_per_token_at_datasheet']:.3f} ms at the datasheet's "
+                         f"{peaks['memory_gb_per_s']:,.0f} GB/s")
+            text += ")"
+        rows.append([f"AR ms/token within {AR_BOUND_RATIO}x of bound ({label}, c1)", text,
                      _verdict(ratio, ratio is not None and ratio <= AR_BOUND_RATIO)])
         fraction = row.get("service_dit_fraction_of_matmul")
-        rows.append([f"DiT >= {DIT_MATMUL_FRACTION:.0%} of matmul rate ({label}, c1)",
-                     None if fraction is None else f"{fraction:.1%} ({row['service_dit_tflop_per_s']:.1f} TFLOP/s)",
+        text = None
+        if fraction is not None:
+            text = f"{fraction:.1%}" + (f" of the measured {tflops:.1f} TFLOP/s" if tflops is not None else "")
+            text += f" ({row['service_dit_tflop_per_s']:.1f} TFLOP/s"
+            if row.get("service_dit_fraction_of_datasheet") is not None:
+                text += (f"; {row['service_dit_fraction_of_datasheet']:.1%} of the datasheet's "
+                         f"{peaks['bf16_dense_tflop_per_s']:g}" if peaks else "")
+            text += ")"
+        rows.append([f"DiT >= {DIT_MATMUL_FRACTION:.0%} of measured matmul rate ({label}, c1)", text,
                      _verdict(fraction, fraction is not None and fraction >= DIT_MATMUL_FRACTION)])
-    if not (raw.get("bounds") or {}).get("per_size"):
+    if not (bounds or {}).get("per_size"):
         rows.append([f"AR ms/token within {AR_BOUND_RATIO}x of bound", None, _verdict(None, False)])
-        rows.append([f"DiT >= {DIT_MATMUL_FRACTION:.0%} of matmul rate", None, _verdict(None, False)])
+        rows.append([f"DiT >= {DIT_MATMUL_FRACTION:.0%} of measured matmul rate", None, _verdict(None, False)])
     overhead = [r for r in raw.get("transport_overhead", []) if r["size"] == 512]
     value = overhead[0]["overhead"] if overhead else None
     rows.append([f"transport overhead <= {TRANSPORT_OVERHEAD_512:.0%} at 512 (c1, via {raw.get('via', 'rest')})",
@@ -117,6 +158,7 @@ def markdown(raw: dict, png_note: str, image: str | None = None) -> str:
         "",
         *_table(["target", "measured", "verdict"], targets(raw)),
         "",
+        *against(bounds_section(raw)),
         "## Sweep",
         "",
         "Latency is the client's (seconds); throughput = completed images / (last end - first start); steady = "
@@ -177,20 +219,11 @@ def markdown(raw: dict, png_note: str, image: str | None = None) -> str:
                     [[f"{r['size']}/{r['steps']}", r.get("via"), r.get("service_c1_mean_s"), r.get("inprocess_mean_s"),
                       f"{r['overhead']:.2%}"] for r in raw.get("transport_overhead", [])] or [["-", "-", "-", "-", "-"]])
     lines += ["", "## Physical bounds", ""]
-    bounds = raw.get("bounds")
+    bounds = bounds_section(raw)
     if bounds and "measured" in bounds:
-        measured = bounds["measured"]
-        copy, matmul = measured["copy"], measured["matmul"]
-        lines += [
-            f"- device: {measured.get('device_name') or measured['device']}",
-            f"- copy bandwidth: {copy['gb_per_s']:.1f} GB/s (read + write of {copy['bytes'] / 2**30:.2f} GiB bf16, "
-            f"best of {copy['repeats']})",
-            f"- matmul rate: {matmul['tflop_per_s']:.1f} TFLOP/s ({matmul['dtype']} {matmul['n']}^3, best of "
-            f"{matmul['repeats']})",
-            f"- AR decode weight bytes per token: {bounds['decode_weight_bytes'] / 1e9:.3f} GB "
-            f"({bounds['dtype_bytes']} bytes per value)",
-            "",
-        ]
+        lines += bound_lines(bounds)
+        lines += [f"- AR decode weight bytes per token: {bounds['decode_weight_bytes'] / 1e9:.3f} GB "
+                  f"({bounds['dtype_bytes']} bytes per value)", ""]
         rows = []
         for row in bounds["per_size"]:
             flops = row["dit_flops"]
@@ -200,17 +233,130 @@ def markdown(raw: dict, png_note: str, image: str | None = None) -> str:
                 row.get("inprocess_ar_ratio_to_bound"), flops["flops"] / 1e12,
                 f"{flops['condition_tokens']}+{flops['image_tokens']}", flops["transformer_calls"],
                 row.get("service_dit_tflop_per_s"), row.get("service_dit_fraction_of_matmul"),
+                row.get("service_dit_fraction_of_datasheet"),
                 row.get("inprocess_dit_tflop_per_s"), row.get("inprocess_dit_fraction_of_matmul"),
             ])
-        lines += _table(["size/steps", "AR bound ms/tok", "service ms/tok", "ratio", "in-proc ms/tok", "ratio",
-                         "denoise TFLOP", "cond+image tokens", "calls", "service TFLOP/s", "of matmul",
-                         "in-proc TFLOP/s", "of matmul"], rows)
-        lines += ["", "AR bound = decode weight bytes / copy bandwidth. DiT FLOPs: linear layers 2 x params x tokens, "
-                  "attention 4 x L^2 x head_dim x heads per layer, conditional branch every step plus the "
-                  "unconditional one (image tokens only) on guided steps.", ""]
+        lines += _table(["size/steps", "AR bound ms/tok", "service ms/tok", "x bound", "in-proc ms/tok", "x bound",
+                         "denoise TFLOP", "cond+image tokens", "calls", "service TFLOP/s", "of measured matmul",
+                         "of datasheet", "in-proc TFLOP/s", "of measured matmul"], rows)
+        lines += ["", "AR bound = decode weight bytes / the measured copy bandwidth. \"Of measured matmul\": the DiT's "
+                  "TFLOP/s over the measured matmul rate; \"of datasheet\": over the card's datasheet peak (dense "
+                  "bf16). DiT FLOPs: linear layers 2 x params x tokens, attention 4 x L^2 x head_dim x heads per layer, "
+                  "conditional branch every step plus the unconditional one (image tokens only) on guided steps.", ""]
     else:
         lines += ["Not measured in this run.", ""]
     return "\n".join(lines) + "\n"
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:g} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:g} MiB"
+
+
+def _shape(shape: list[int]) -> str:
+    return f"{shape[0]}^3" if len(set(shape)) == 1 else "x".join(map(str, shape))
+
+
+def how_measured(measured: dict) -> str:
+    """How a bounds measurement was made, in a few words."""
+    method = measured.get("method")
+    if not method:  # bench.bounds before it warmed up until steady (before 2026-12-03)
+        return (f"one size each, the best of {measured['matmul'].get('repeats')} single runs after at most 0.3 s of "
+                "warm-up")
+    sizes = measured["matmul"].get("sizes", []) + measured["copy"].get("sizes", [])
+    unsteady = sum(not size.get("stable", True) for size in sizes)
+    return (f"the best of several sizes, each warmed up for at least {method['min_warm_s']:g} s and until "
+            f"{method['agree']} windows of {method['window_s']:g} s agreed within {method['tolerance']:.1%}, then the best "
+            f"of {method['windows']} timed windows" + (f"; {unsteady} of {len(sizes)} sizes never steady" if unsteady else ""))
+
+
+def _figures(measured: dict) -> str:
+    return (f"copy bandwidth {measured['copy']['gb_per_s']:,.0f} GB/s and {measured['matmul']['dtype']} matmul rate "
+            f"{measured['matmul']['tflop_per_s']:.1f} TFLOP/s")
+
+
+def against(bounds: dict | None) -> list[str]:
+    """The paragraph under the targets: which bounds the ratios are taken against, how and when they were
+    measured, and the card's datasheet peaks."""
+    measured = (bounds or {}).get("measured")
+    if not isinstance(measured, dict):
+        return []
+    if bounds and bounds.get("restated_from"):
+        own = bounds.get("measured_in_run")
+        when = (f"measured on {measured.get('date') or 'a later date'} by `{measured.get('command') or 'python -m bench.bounds'}` "
+                f"({bounds['restated_from']}) on {measured.get('device_name') or measured.get('device')}, not in "
+                "this run: the timings are this run's, the bounds a later measurement"
+                + (f". This run's own measurement ({how_measured(own)}): {_figures(own)}" if own else ""))
+    else:
+        when = "measured in this run, on the idle device, before the services started"
+    text = f"Ratios to bounds are taken against the measured {_figures(measured)} ({how_measured(measured)}), {when}."
+    peaks = ratios.card_peaks(measured)
+    if peaks:
+        text += (f" The card's datasheet peaks ({peaks['source']}): {peaks['memory_gb_per_s']:,.0f} GB/s memory "
+                 f"bandwidth, {peaks['bf16_dense_tflop_per_s']:g} TFLOP/s dense bf16; the measured bounds are "
+                 f"{measured['copy']['gb_per_s'] / peaks['memory_gb_per_s']:.1%} and "
+                 f"{measured['matmul']['tflop_per_s'] / peaks['bf16_dense_tflop_per_s']:.1%} of them.")
+    else:
+        text += " No datasheet figure is known for this device."
+    return [text, ""]
+
+
+def _smi(state: dict | None) -> str | None:
+    if not state:
+        return None
+    parts = []
+    if state.get("clocks.sm") is not None:
+        parts.append(f"SM {state['clocks.sm']:g}" + (f" of {state['clocks.max.sm']:g}" if state.get("clocks.max.sm") else "")
+                     + " MHz")
+    if state.get("clocks.mem") is not None:
+        parts.append(f"memory {state['clocks.mem']:g} MHz")
+    if state.get("power.draw") is not None:
+        parts.append(f"{state['power.draw']:g} W" + (f" of {state['power.limit']:g}" if state.get("power.limit") else ""))
+    if state.get("temperature.gpu") is not None:
+        parts.append(f"{state['temperature.gpu']:g} C")
+    if state.get("pstate"):
+        parts.append(str(state["pstate"]))
+    return ", ".join(parts) or None
+
+
+def bound_lines(bounds: dict) -> list[str]:
+    """The bounds as list items: each figure, its sizes and warm-up, the datasheet's, nvidia-smi's clocks."""
+    measured = bounds["measured"]
+    copy, matmul = measured["copy"], measured["matmul"]
+    lines = [f"- device: {measured.get('device_name') or measured['device']}"]
+    if "sizes" not in copy:  # one size, from before bench.bounds tried several
+        lines += [f"- copy bandwidth: {copy['gb_per_s']:.1f} GB/s (read + write of {copy['bytes'] / 2**30:.2f} GiB "
+                  f"bf16, best of {copy.get('repeats')} single copies after at most 0.3 s of warm-up)",
+                  f"- matmul rate: {matmul['tflop_per_s']:.1f} TFLOP/s ({matmul['dtype']} {matmul.get('n')}^3, best of "
+                  f"{matmul.get('repeats')} single products after at most 0.3 s of warm-up)"]
+    else:
+        per_copy = "; ".join(f"{_size(s['bytes'])}: {s['gb_per_s']:,.0f}" for s in copy["sizes"])
+        per_matmul = "; ".join(f"{_shape(s['shape'])}: {s['tflop_per_s']:.1f}" for s in matmul["sizes"])
+        warm = [s["warm_s"] for s in copy["sizes"] + matmul["sizes"]]
+        lines += [f"- copy bandwidth: {copy['gb_per_s']:,.1f} GB/s, counted as bytes read + bytes written (2 x the "
+                  f"tensor per copy); the best size's, of {per_copy} GB/s",
+                  f"- matmul rate: {matmul['tflop_per_s']:.1f} TFLOP/s ({matmul['dtype']}, random data, 2 m k n FLOPs); "
+                  f"the best shape's, of {per_matmul} TFLOP/s",
+                  f"- method: {how_measured(measured)}; warm-up took {min(warm):.1f}-{max(warm):.1f} s per size"]
+    peaks = ratios.card_peaks(measured)
+    if peaks:
+        lines.append(f"- datasheet ({peaks['source']}): {peaks['memory_gb_per_s']:,.0f} GB/s, "
+                     f"{peaks['bf16_dense_tflop_per_s']:g} TFLOP/s dense bf16; measured "
+                     f"{copy['gb_per_s'] / peaks['memory_gb_per_s']:.1%} and "
+                     f"{matmul['tflop_per_s'] / peaks['bf16_dense_tflop_per_s']:.1%} of them")
+    else:
+        lines.append("- datasheet: no figure known for this device")
+    readings = [(label, _smi(state)) for label, state in (
+        ("idle", measured.get("gpu_idle")),
+        ("under the best matmul", next((s.get("gpu_under_load") for s in matmul.get("sizes", [])
+                                        if s.get("shape") == matmul.get("shape")), None)),
+        ("under the best copy", next((s.get("gpu_under_load") for s in copy.get("sizes", [])
+                                      if s.get("bytes") == copy.get("bytes")), None)))]
+    if any(text for _, text in readings):
+        lines.append("- nvidia-smi: " + "; ".join(f"{label}: {text}" for label, text in readings if text))
+    if bounds.get("restated_from") and bounds.get("measured_in_run"):
+        lines.append(f"- measured in this run, not used above: {_figures(bounds['measured_in_run'])} "
+                     f"({how_measured(bounds['measured_in_run'])})")
+    return lines
 
 
 def plot(raw: dict, path: Path) -> bool:
@@ -296,13 +442,40 @@ def merge(runs: list[dict]) -> dict:
     return merged
 
 
+def read_bounds(path: Path, raw: dict) -> dict:
+    """A bounds file written by ``python -m bench.bounds --out``, checked to be one, and to come from the kind of
+    card the run used."""
+    try:
+        measured = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from None
+    wanted = (("copy", "gb_per_s"), ("matmul", "tflop_per_s"))
+    if not isinstance(measured, dict) or not all(
+            isinstance(measured.get(kind), dict) and isinstance(measured[kind].get(key), int | float) for kind, key in wanted):
+        raise ValueError(f"{path} is not a bounds file: it has no copy.gb_per_s and matmul.tflop_per_s "
+                         "(`python -m bench.bounds --out FILE` writes one)")
+    card, run_card = measured.get("device_name"), (raw.get("machine") or {}).get("gpu")
+    if card != run_card:
+        raise ValueError(f"{path} was measured on {card or measured.get('device')}, the run on {run_card or 'a CPU'}: "
+                         "re-state a run only against bounds of the same kind of device")
+    return measured
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.dashboard", description=__doc__.splitlines()[0])
     parser.add_argument("raw", type=Path, nargs="+",
                         help="the raw.json a harness run wrote; several runs of one machine are merged into one")
     parser.add_argument("--out", type=Path, default=None, help="directory (default: the first JSON's)")
+    parser.add_argument("--bounds", type=Path, default=None,
+                        help="a JSON from `python -m bench.bounds --out FILE`: set the run's stage figures against "
+                             "these bounds instead of those measured in the run")
     args = parser.parse_args(argv)
     raw = merge([json.loads(path.read_text()) for path in args.raw])
+    if args.bounds is not None:
+        try:
+            raw = {**raw, "bounds": ratios.restate(raw.get("bounds") or {}, read_bounds(args.bounds, raw), args.bounds.name)}
+        except ValueError as exc:
+            parser.error(str(exc))
     out = args.out or args.raw[0].parent
     if len(args.raw) > 1:  # the merged report beside the dashboard made from it (inputs left as they are)
         out.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,8 @@ What one run does, in order:
 3. Stops the services (freeing the device) and runs the same pipeline in this process at concurrency 1
    (``bench.inprocess``): the transport overhead per size is (c1 mean latency - in-process mean) / c1 mean.
 4. Sets the AR's ms per decode token and the DiT's TFLOP/s against the device's copy bandwidth and bf16 matmul
-   rate (``bench.bounds``), measured first, on the idle device, before the services start.
+   rate (``bench.bounds``: several sizes each, warmed up until the rate is steady, beside the card's datasheet
+   peaks), measured first, on the idle device, before the services start.
 5. Writes ``OUT/raw.json`` and the dashboard (``bench.dashboard``: ``DASHBOARD.md`` and ``dashboard.png``); the
    services' logs go to ``OUT/raw/``.
 
@@ -53,7 +54,7 @@ from pathlib import Path
 
 import httpx
 
-from bench import bounds, inprocess
+from bench import bounds, inprocess, ratios, workload
 from bench.inprocess import parse_points
 from bench.services import GpuMemoryWatch, ServiceStack, make_model_dir
 
@@ -287,7 +288,8 @@ def text_positions(model_dir: Path, size: int, pixels_per_token: int) -> tuple[i
 
 
 def bounds_report(raw: dict, model_dir: Path, measured: dict) -> dict:
-    """AR ms/token and DiT TFLOP/s per size, for the services at c1 and in process, against the machine's bounds."""
+    """AR ms/token and DiT TFLOP/s per size, for the services at c1 and in process, against the machine's bounds
+    (``bench.ratios``; ``python -m bench.dashboard --bounds`` re-states them against bounds measured later)."""
     from ar_service.model.configuration import ar_config_from_dict
     from servicekit.checkpoint import open_checkpoint
 
@@ -295,9 +297,7 @@ def bounds_report(raw: dict, model_dir: Path, measured: dict) -> dict:
     config = checkpoint.config
     ar_config = ar_config_from_dict(config)
     dtype_bytes = 2 if raw["dtype"] == "bfloat16" else 4
-    weight_bytes = bounds.decode_weight_bytes(ar_config, dtype_bytes)
-    gb_per_s = measured["copy"]["gb_per_s"]
-    tflops = measured["matmul"]["tflop_per_s"]
+    weight_bytes = workload.decode_weight_bytes(ar_config, dtype_bytes)
     rows = []
     inprocess = {(p["size"], p["steps"]): p for p in (raw.get("inprocess") or {}).get("points", [])}
     for point in raw["points"]:
@@ -305,22 +305,17 @@ def bounds_report(raw: dict, model_dir: Path, measured: dict) -> dict:
         c1 = next((r for r in point["runs"] if r["concurrency"] == 1 and r.get("stages_ms")), None)
         knobs = point.get("knobs") or {}
         text, grid_w, grid_h = text_positions(model_dir, size, checkpoint.serving.pixels_per_token)
-        flops = bounds.denoise_flops(
+        flops = workload.denoise_flops(
             config, size, size, steps, text, grid_w, grid_h,
             guidance=float(knobs.get("text_guidance_scale", 9.0)), cfg_range=tuple(knobs.get("cfg_range", (0.0, 1.0))),
         )
-        row = {"size": size, "steps": steps, "ar_bound_ms_per_token": weight_bytes / (gb_per_s * 1e9) * 1e3,
-               "dit_flops": flops}
+        row: dict = {"size": size, "steps": steps, "dit_flops": flops}
         ip = inprocess.get((size, steps))
         for label, stages in (("service", c1["stages_ms"] if c1 else None), ("inprocess", ip["stages_mean"] if ip else None)):
-            if stages is None:
-                continue
-            row[f"{label}_ar_ms_per_token"] = stages["ar_ms_per_token"]
-            row[f"{label}_ar_ratio_to_bound"] = stages["ar_ms_per_token"] / row["ar_bound_ms_per_token"]
-            achieved = bounds.dit_tflop_per_s(flops["flops"], stages["denoise_ms"])
-            row[f"{label}_dit_tflop_per_s"] = achieved
-            row[f"{label}_dit_fraction_of_matmul"] = None if achieved is None else achieved / tflops
-        rows.append(row)
+            if stages is not None:
+                row[f"{label}_ar_ms_per_token"] = stages["ar_ms_per_token"]
+                row[f"{label}_dit_tflop_per_s"] = ratios.dit_tflop_per_s(flops["flops"], stages["denoise_ms"])
+        rows.append(ratios.set_ratios(row, weight_bytes, measured))
     return {"measured": measured, "decode_weight_bytes": weight_bytes, "dtype_bytes": dtype_bytes, "per_size": rows}
 
 
@@ -429,14 +424,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--inprocess-decoder", choices=inprocess.DECODERS, default="auto",
                         help="AR decode path in process (auto: as ar_service's --fast-decode auto)")
     parser.add_argument("--no-bounds", action="store_true", help="skip the bandwidth and matmul measurements")
-    parser.add_argument("--bounds-copy-mib", type=int, default=0, help="copy size (default 1024 on a GPU, 256 on a CPU)")
-    parser.add_argument("--bounds-matmul-n", type=int, default=0, help="matmul side (default 8192 on a GPU, 2048 on a CPU)")
-    parser.add_argument("--bounds-repeats", type=int, default=10)
+    parser.add_argument("--bounds-copy-mib", type=bounds.parse_mib, default=None,
+                        help="copy sizes in MiB, comma-separated (default 256,1024,4096 on a GPU, 64,256 on a CPU)")
+    parser.add_argument("--bounds-matmul", type=bounds.parse_shapes, default=None,
+                        help="matmul shapes, N or MxKxN, comma-separated (default 4096,8192,16384x8192x8192 on a GPU)")
+    bounds.add_settings_options(parser, "bounds-")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        bounds_settings = bounds.settings_from(args, "bounds-")
+    except ValueError as exc:
+        parser.error(str(exc))
     args.out.mkdir(parents=True, exist_ok=True)
     dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
     command = argv if argv is not None else sys.argv[1:]
@@ -455,8 +457,8 @@ def main(argv: list[str] | None = None) -> int:
     measured = None
     if not args.no_bounds:  # first, on an idle device, and so that a run cut short still has them
         print("[harness] bounds", flush=True)
-        measured = bounds.measure(args.device, copy_bytes=args.bounds_copy_mib * 1024**2 or None,
-                                  matmul_n=args.bounds_matmul_n or None, repeats=args.bounds_repeats)
+        measured = bounds.measure(args.device, args.bounds_matmul, args.bounds_copy_mib, bounds_settings)
+        print(bounds.summary(measured), flush=True)
     model_dir = make_model_dir(args.workdir, args.tiny)
     stack = ServiceStack(
         model_dir, args.out / LOGS_DIR, device=args.device, random_weights=not args.tiny, request_timeout_s=args.timeout_s,

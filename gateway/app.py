@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway import errors, schemas, translate
+from gateway import errors, playground, schemas, stored_images, translate
 from gateway.auth import APIKeyMiddleware, load_api_keys
 from gateway.errors import APIError
 from gateway.protocol import ImageGenerationRequest
@@ -45,7 +45,7 @@ LIST_MODELS_TIMEOUT_S = 10.0
 class GatewayMetrics:
     """The gateway's Prometheus metrics, on a registry of its own (one per app), served at ``GET /metrics``."""
 
-    ROUTES = frozenset({"/v1/images/generations", "/v1/models", "/health", "/metrics"})
+    ROUTES = frozenset({"/", "/v1/images/generations", "/v1/models", "/health", "/metrics"})
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -62,6 +62,8 @@ class GatewayMetrics:
     def route(self, path: str) -> str:
         if path in self.ROUTES:
             return path
+        if path.startswith(stored_images.ROUTE_PREFIX):
+            return stored_images.ROUTE_PREFIX + "{name}"
         return "/v1/models/{id}" if path.startswith("/v1/models/") else "other"  # bounded label values
 
 
@@ -229,9 +231,11 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         app.state.ar_channel = ar_channel
         app.state.dit_channel = dit_channel
         app.state.generator = ar_pb2_grpc.ImageGeneratorStub(ar_channel)
+        sweeping = asyncio.ensure_future(stored_images.sweep_forever(app.state.image_store))
         try:
             yield
         finally:
+            sweeping.cancel()
             await ar_channel.close()
             await dit_channel.close()
 
@@ -247,6 +251,10 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     metrics = GatewayMetrics()
     app.state.metrics = metrics
     app.add_middleware(GatewayMiddleware, max_body_bytes=settings.max_body_bytes, metrics=metrics)
+
+    app.state.image_store = stored_images.open_store(settings)
+    app.include_router(stored_images.router)
+    app.include_router(playground.router)
 
     body_schema = ImageGenerationRequest.model_json_schema()
 
@@ -287,7 +295,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         grpc_ms = (time.perf_counter() - grpc_started) * 1000
         if completed is None:
             raise APIError(502, "ar_service ended the stream without a final result", code="bad_gateway")
-        content = translate.to_openai(parsed, images, completed, gateway_ms=0.0)
+        urls = await stored_images.publish(request, images, parsed.output_format) if parsed.response_format == "url" else None
+        content = translate.to_openai(parsed, images, completed, gateway_ms=0.0, urls=urls)
         content["timings"]["gateway_ms"] = round((time.perf_counter() - started) * 1000 - grpc_ms, 3)
         return JSONResponse(content)
 

@@ -4,7 +4,8 @@ Keys come from ``api_keys`` (comma-separated; best set through ``ARDIT_GATEWAY_A
 ``api_keys_file`` (one key per line; blank lines and ``#`` comments skipped). None configured: the
 gateway is open, as before. Keys are compared with ``hmac.compare_digest`` against every configured
 key (no early exit), and never logged. ``/health`` stays open for load balancers and probes; the
-OpenAPI document and its viewers stay open too (they describe the API, they do not use it).
+OpenAPI document and its viewers stay open too (they describe the API, they do not use it), and so do the
+playground page and the stored images' unguessable URLs.
 """
 
 from __future__ import annotations
@@ -16,8 +17,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.errors import error_response
 from gateway.settings import GatewaySettings
+from gateway.stored_images import ROUTE_PREFIX as STORED_IMAGES_PREFIX
 
-OPEN_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+# "/" is the playground page (it holds no secret; it asks for a key when the API wants one).
+OPEN_PATHS = frozenset({"/", "/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+# Stored images: the unguessable URL is the capability, as OpenAI's signed image URLs are (an <img> sends no key).
+OPEN_PREFIXES = (STORED_IMAGES_PREFIX,)
 
 
 def load_api_keys(settings: GatewaySettings) -> tuple[bytes, ...]:
@@ -65,7 +70,8 @@ class APIKeyMiddleware:
         self.keys = keys
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.keys or scope.get("path") in OPEN_PATHS:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not self.keys or path in OPEN_PATHS or path.startswith(OPEN_PREFIXES):
             await self.app(scope, receive, send)
             return
         token = _bearer(scope)

@@ -1,7 +1,7 @@
 """OpenAI's ``POST /v1/images/generations``: the request and response models.
 
 The gateway checks the shape of the standard fields (types, ranges, choices) and refuses what
-ardit does not do yet (URLs, streaming, transparent backgrounds). Everything model-specific
+ardit does not do yet (streaming, transparent backgrounds). Everything model-specific
 (size multiples and limits, prompt length, the knobs) is ar_service's to judge: every extra
 top-level field is forwarded as a knob, and ar_service names the parameter it refuses.
 """
@@ -47,7 +47,9 @@ class ImageGenerationRequest(BaseModel):
     n: int = Field(1, ge=1, le=10, description="Number of images, 1-10; image i uses seed + i.")
     size: str = Field("auto", description="'auto' (the model's default) or 'WIDTHxHEIGHT'.")
     quality: Quality = Field("auto", description="Maps to a num_inference_steps preset; 'auto' keeps the default.")
-    response_format: Literal["b64_json", "url"] | None = Field("b64_json", description="Only b64_json is supported.")
+    response_format: Literal["b64_json", "url"] | None = Field(
+        "b64_json", description="b64_json (in the answer) or url (kept for a while)."
+    )
     output_format: OutputFormat = Field("png", description="Encoding of the returned images.")
     output_compression: int | None = Field(None, ge=0, le=100, description="0-100, jpeg and webp only.")
     background: Background | None = Field(None, description="The models draw opaque images; 'transparent' is refused.")
@@ -79,8 +81,6 @@ class ImageGenerationRequest(BaseModel):
 
     def check_supported(self) -> None:
         """Refuses valid OpenAI values that ardit does not serve (yet)."""
-        if self.response_format == "url":
-            raise APIError(400, "response_format 'url' is not supported yet; use b64_json", "response_format", "unsupported_value")
         if self.stream:
             raise APIError(400, "streaming is not supported yet; send stream=false", "stream", "unsupported_value")
         if self.background == "transparent":
@@ -100,7 +100,10 @@ class ImageGenerationRequest(BaseModel):
 
 
 class ImageData(BaseModel):
-    b64_json: str
+    """One image: ``b64_json`` or ``url``, as the request's response_format asked."""
+
+    b64_json: str | None = None
+    url: str | None = None
     revised_prompt: str | None = None
     seed: int
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from servicekit.settings import ServiceSettings
@@ -30,3 +30,26 @@ class GatewaySettings(ServiceSettings):
     grpc_tls_cert_file: Path | None = Field(None, description="PEM client certificate presented to the services (mutual TLS)")
     grpc_tls_key_file: Path | None = Field(None, description="PEM private key of grpc_tls_cert_file")
     grpc_tls_server_name: str | None = Field(None, description="name to verify the services' certificates against")
+    # -- images answered by URL (response_format "url"; gateway/stored_images.py) --
+    base_url: str | None = Field(
+        None,
+        description="the gateway's public URL as clients reach it (e.g. https://images.example.com behind a proxy); "
+        "image URLs start with it (default: derived from each request's Host)",
+    )
+    image_store_dir: Path | None = Field(
+        None, description="keep URL images in this directory (shareable between gateways) instead of in memory"
+    )
+    image_store_max_images: int = Field(1000, ge=1, description="most images kept for URLs; the oldest go first")
+    image_store_max_bytes: int = Field(
+        268_435_456, ge=1, description="most bytes of images kept for URLs (default 256 MiB); the oldest go first"
+    )
+    image_url_ttl_s: float = Field(3600.0, gt=0, description="how long an image URL answers, in seconds (OpenAI: 60 minutes)")
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url_is_http(cls, value: str | None) -> str | None:
+        if not value:
+            return None  # unset, or set empty (e.g. an unset variable in compose.yaml)
+        if not value.startswith(("http://", "https://")) or "?" in value or "#" in value:
+            raise ValueError(f"base_url must be an http:// or https:// URL without query or fragment; got {value!r}")
+        return value.rstrip("/")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gateway.protocol import ImageData, ImageGenerationRequest, ImagesResponse
@@ -59,12 +59,20 @@ def to_openai(
     completed: ar_pb2.GenerateImageResponse,
     gateway_ms: float | None = None,
     created: int | None = None,
+    urls: Mapping[int, str] | None = None,
 ) -> dict[str, Any]:
-    """The streamed images and the final summary as OpenAI's ImagesResponse (plus ardit extras)."""
+    """The streamed images and the final summary as OpenAI's ImagesResponse (plus ardit extras).
+
+    With ``urls`` (image index -> URL, for response_format "url") each image is its URL, else its base64 bytes.
+    """
     ordered = sorted(images, key=lambda image: image.index)
+    if urls is None:
+        data = [ImageData(b64_json=base64.b64encode(image.data).decode("ascii"), seed=image.seed) for image in ordered]
+    else:
+        data = [ImageData(url=urls[image.index], seed=image.seed) for image in ordered]
     response = ImagesResponse(
         created=int(time.time()) if created is None else created,
-        data=[ImageData(b64_json=base64.b64encode(image.data).decode("ascii"), seed=image.seed) for image in ordered],
+        data=data,
         output_format=request.output_format,
         size=f"{completed.width}x{completed.height}",
         quality=request.quality,
@@ -75,7 +83,11 @@ def to_openai(
         timings=timings_to_dict(completed.timings, gateway_ms),
         knobs=knobs_from_proto(completed.knobs),
     )
-    return response.model_dump()
+    content = response.model_dump()
+    absent = "b64_json" if urls is not None else "url"
+    for item in content["data"]:
+        del item[absent]  # as OpenAI answers: one of the two, never a null other
+    return content
 
 
 def model_card_to_openai(card: ar_pb2.ModelCard) -> dict[str, Any]:

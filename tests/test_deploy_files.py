@@ -92,3 +92,13 @@ def test_each_service_explains_itself_with_help(module):
     result = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert "--port" in result.stdout and "--config" in result.stdout
+
+
+def test_gateway_keeps_url_images_in_a_shared_volume():
+    """response_format "url": the gateway's image store is a directory in the `images` volume, owned by the service user."""
+    spec = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    gateway = spec["services"]["gateway"]
+    assert "images:/images" in gateway["volumes"] and "models:/models" in gateway["volumes"]
+    assert gateway["environment"]["ARDIT_GATEWAY_IMAGE_STORE_DIR"] == "/images"
+    assert "images" in spec["volumes"]
+    assert "chown ardit:ardit /models /images" in (ROOT / "Dockerfile").read_text()

@@ -29,7 +29,8 @@ def run(tmp_path_factory):
             "--out", str(out), "--tiny", "--device", "cpu", "--points", f"{SIZE}:{STEPS}",
             "--concurrency", ",".join(map(str, CONCURRENCY)), "--requests", str(REQUESTS),
             "--inprocess-requests", "1", "--workdir", str(out / "models"),
-            "--bounds-copy-mib", "16", "--bounds-matmul-n", "256", "--bounds-repeats", "2",
+            "--bounds-copy-mib", "4,16", "--bounds-matmul", "128,256x128x64", "--bounds-windows", "2",
+            "--bounds-warm-s", "0", "--bounds-max-warm-s", "0.5",
         ])
     finally:
         os.environ.update(saved)
@@ -80,7 +81,12 @@ def test_in_process_baseline_ran_with_the_same_stage_names(run):
 def test_bounds_were_measured_and_set_against_the_stages(run):
     _, raw = run
     bounds = raw["bounds"]
-    assert bounds["measured"]["copy"]["gb_per_s"] > 0 and bounds["measured"]["matmul"]["tflop_per_s"] > 0
+    measured = bounds["measured"]
+    assert measured["copy"]["gb_per_s"] > 0 and measured["matmul"]["tflop_per_s"] > 0
+    assert [size["bytes"] for size in measured["copy"]["sizes"]] == [4 * 2**20, 16 * 2**20]
+    assert [size["shape"] for size in measured["matmul"]["sizes"]] == [[128, 128, 128], [256, 128, 64]]
+    assert measured["matmul"]["dtype"] == "float32"  # the services' dtype on a CPU
+    assert measured["datasheet"] is None and measured["gpu_idle"] is None  # a CPU: no datasheet, no nvidia-smi
     assert bounds["decode_weight_bytes"] > 0 and bounds["dtype_bytes"] == 4
     [row] = bounds["per_size"]
     assert row["ar_bound_ms_per_token"] > 0 and row["dit_flops"]["flops"] > 0
@@ -96,10 +102,12 @@ def test_dashboard_has_the_tables_and_the_targets(run):
     for heading in ("## Targets", "## Sweep", "## Stage breakdown", "## Transport overhead", "## Physical bounds"):
         assert heading in text
     assert "| target | measured | verdict |" in text
-    for target in ("AR ms/token within 1.3x of bound", "DiT >= 60% of matmul rate", "transport overhead <= 2% at 512",
+    for target in ("AR ms/token within 1.3x of bound", "DiT >= 60% of measured matmul rate", "transport overhead <= 2% at 512",
                    "1024/50 steps c1 mean latency <= 25 s", "512/20 steps c1 mean latency <= 6 s",
                    "c4 throughput >= 3.5x c1 at 512/20"):
         assert target in text, target
+    assert "Ratios to bounds are taken against the measured copy bandwidth" in text
+    assert "measured in this run" in text and "No datasheet figure is known for this device" in text
     if importlib.util.find_spec("matplotlib") is not None:
         assert (out / "dashboard.png").stat().st_size > 0
     else:

@@ -29,7 +29,6 @@ OK = {"prompt": "a red fox in the snow"}
         ({**OK, "size": "-512x512"}, "size", "WIDTHxHEIGHT"),
         ({**OK, "size": 512}, "size", "string"),
         ({**OK, "quality": "ultra"}, "quality", "ultra"),
-        ({**OK, "response_format": "url"}, "response_format", "response_format 'url' is not supported yet; use b64_json"),
         ({**OK, "response_format": "bmp"}, "response_format", "bmp"),
         ({**OK, "output_format": "gif"}, "output_format", "gif"),
         ({**OK, "output_format": "jpeg", "output_compression": -1}, "output_compression", "0"),
