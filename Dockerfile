@@ -20,6 +20,7 @@ COPY ar_service ./ar_service
 COPY dit_service ./dit_service
 COPY gateway ./gateway
 COPY tools ./tools
+COPY ardit_cli ./ardit_cli
 RUN pip install .
 
 # /images: the gateway's URL image store in compose.yaml (a named volume takes this ownership)

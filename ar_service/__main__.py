@@ -7,6 +7,7 @@ import sys
 import time
 
 from ar_service.settings import ARSettings
+from servicekit import tracing
 from servicekit.logs import setup_logging
 from servicekit.ports import refuse_busy_ports
 from servicekit.settings import load_settings
@@ -18,6 +19,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = load_settings(ARSettings, argv, prog="python -m ar_service", description="ardit's AR service and front door")
     setup_logging(settings.log_level)
     refuse_busy_ports("ar_service", settings.host, settings.port, settings.metrics_port)  # before the slow imports and the load
+    tracing.setup("ar_service")  # off unless the OTEL_* environment asks for it
 
     from ar_service.engine import AREngine
     from ar_service.model.loading import load_ar
@@ -102,6 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     stop_gracefully("ar_service", running.server, running.set_serving, settings.shutdown_drain_s, settings.shutdown_grace_s)
     engine.close()
     renderer.close()
+    tracing.shutdown()  # exit_process skips atexit: export the spans still buffered
     exit_process(0)
 
 

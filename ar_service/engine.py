@@ -48,6 +48,7 @@ from ar_service.render_client import RenderHeader, RenderSession
 from ar_service.sampling import SamplingParams
 from protos.knobs import KnobTable
 from protos.status import RequestRejected
+from servicekit import tracing
 from servicekit.checkpoint import PipelineCheckpoint
 from servicekit.profiling import BusyProfiler, stage
 
@@ -91,6 +92,7 @@ class Job:
     events: queue.Queue[object] = field(default_factory=queue.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     received_at: float = field(default_factory=time.perf_counter)
+    trace: Any = None  # the request's trace context (servicekit.tracing); None when tracing is off
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -212,6 +214,7 @@ class _Slot:
     stream: DecodeStream
     session: RenderSession | None
     joined: float
+    decode_span: Any = None  # ar.decode, from joining the batch to the last token (None when tracing is off)
 
 
 class AREngine:
@@ -444,9 +447,13 @@ class AREngine:
 
     # -- admission and status --------------------------------------------------------------
 
-    def submit(self, plan: ImagePlan, mode: Literal["image", "tokens"] = "image", timeout: float | None = None) -> Job:
-        """Queues a request (FIFO); raises QueueFull at once when ``max_queued_requests`` already wait."""
-        job = Job(plan=plan, mode=mode, deadline=None if timeout is None else time.monotonic() + timeout)
+    def submit(
+        self, plan: ImagePlan, mode: Literal["image", "tokens"] = "image", timeout: float | None = None, trace: Any = None
+    ) -> Job:
+        """Queues a request (FIFO); raises QueueFull at once when ``max_queued_requests`` already wait.
+
+        ``trace``: the request's trace context; the stage spans (prefill, decode, render) open under it."""
+        job = Job(plan=plan, mode=mode, deadline=None if timeout is None else time.monotonic() + timeout, trace=trace)
         job._wake = self._notify
         with self._lock:
             if self._closed:
@@ -532,6 +539,8 @@ class AREngine:
         for slot in self._running:
             if id(slot) not in staying:
                 self.decoder.release(slot.stream)
+                tracing.end_span(slot.decode_span, "left the batch early")  # a finished slot ended its span already
+                slot.decode_span = None
         with self._lock:
             self._running = slots
         self.metrics.running.set(len(slots))
@@ -610,7 +619,7 @@ class AREngine:
         plan = job.plan
         try:
             if plan.negative_ids is not None and job.mode == "image":
-                with stage(self.profiler, "ar.prefill"):
+                with stage(self.profiler, "ar.prefill"), tracing.span("ar.prefill", job.trace, prompt="negative"):
                     job.negative, prefill_ms = text_condition_for(
                         self.loaded.model, plan.negative_ids, prefix_ids=self.prefix_ids, prefix=self.prefix
                     )
@@ -642,11 +651,12 @@ class AREngine:
                 image_positions=plan.grid.condition_positions,
                 negative_positions=0 if job.negative is None else job.negative.shape[0],
             )
-            session = self.renderer.open(header, job.on_render_event, timeout=job.remaining())
+            with tracing.use(job.trace):  # the render's span and its traceparent hang under the request's
+                session = self.renderer.open(header, job.on_render_event, timeout=job.remaining())
             job.attach(session)
             if job.negative is not None:
                 session.send_condition("negative", 0, job.negative)
-        with stage(self.profiler, "ar.prefill"):
+        with stage(self.profiler, "ar.prefill"), tracing.span("ar.prefill", job.trace, image_index=index):
             stream = DecodeStream(
                 self.loaded.model,
                 plan.prompt_ids,
@@ -663,7 +673,8 @@ class AREngine:
         if session is not None:
             session.send_condition("text", 0, stream.text_condition)
         self.decoder.admit(stream)
-        return _Slot(job, index, seed, stream, session, time.perf_counter())
+        decode_span = tracing.start_span("ar.decode", job.trace, image_index=index, grid_rows=plan.grid.height)
+        return _Slot(job, index, seed, stream, session, time.perf_counter(), decode_span)
 
     def _step(self) -> None:
         """One token for every running stream: sample, then one batched forward for those that go on."""
@@ -706,6 +717,8 @@ class AREngine:
     def _finish(self, slot: _Slot) -> None:
         job, stream = slot.job, slot.stream
         decode_s = time.perf_counter() - slot.joined
+        tracing.end_span(slot.decode_span, tokens=len(stream.tokens))
+        slot.decode_span = None
         self._set_running([s for s in self._running if s is not slot])
         job.add_timings(ar_decode_ms=decode_s * 1e3, ar_tokens=len(stream.tokens))
         if slot.session is not None:

@@ -21,6 +21,7 @@ from protos.codec import encode_tensor, iter_row_chunks
 from protos.formats import format_enum, format_name
 from protos.status import RequestRejected, effective_code, param_of, retry_after_of
 from protos.values import knobs_to_proto
+from servicekit import tracing
 from servicekit.tls import ClientTLS, open_channel
 
 log = logging.getLogger(__name__)
@@ -67,14 +68,22 @@ class RenderHeader:
 
 
 class RenderSession:
-    """One open Render stream: the engine pushes condition pieces, events come back on a thread."""
+    """One open Render stream: the engine pushes condition pieces, events come back on a thread.
+
+    Traced as one ``ar.render`` span (kind CLIENT) under the current context, from open to the stream's end;
+    the channel's interceptor sends it to dit_service as the call's traceparent.
+    """
 
     def __init__(self, stub: dit_pb2_grpc.RendererStub, header: RenderHeader, on_event: Callable[[object], None], timeout: float | None):
         self.index = header.index
         self._outbox: queue.Queue[Any] = queue.Queue()
         self._outbox.put(dit_pb2.RenderInput(header=header.to_proto()))
         self._on_event = on_event
-        self._call = stub.Render(iter(self._outbox.get, _CLOSE), timeout=timeout)
+        self._span = tracing.start_span(
+            "ar.render", kind="client", request_id=header.request_id, image_index=header.index, seed=header.seed
+        )
+        with tracing.use(tracing.context_of(self._span)):
+            self._call = stub.Render(iter(self._outbox.get, _CLOSE), timeout=timeout)
         self._reader = threading.Thread(target=self._read, name=f"render-{header.request_id}-{header.index}", daemon=True)
         self._reader.start()
 
@@ -93,6 +102,7 @@ class RenderSession:
         self._outbox.put(_CLOSE)
 
     def _read(self) -> None:
+        error = None
         try:
             for event in self._call:
                 converted = self._convert(event)
@@ -100,6 +110,7 @@ class RenderSession:
                     self._on_event(converted)
         except grpc.RpcError as exc:
             code = effective_code(exc)
+            error = f"{code.name}: {exc.details()}"
             if code == grpc.StatusCode.CANCELLED:
                 return  # cancelled by us; the engine already knows
             if code == grpc.StatusCode.UNAVAILABLE:
@@ -108,6 +119,8 @@ class RenderSession:
                 message = f"dit_service: {exc.details()}"
             rejected = RequestRejected(message, param_of(exc), code, retry_after_of(exc))
             self._on_event(events.RenderFailed(self.index, rejected))
+        finally:
+            tracing.end_span(self._span, error)
 
     def _convert(self, event: dit_pb2.RenderEvent) -> object | None:
         kind = event.WhichOneof("event")
@@ -133,7 +146,7 @@ class GrpcRenderer:
     def __init__(self, address: str, timeout: float | None = None, tls: ClientTLS | None = None):
         self.address = address
         self.timeout = timeout
-        self._channel = open_channel(address, tls, channels.channel_options())
+        self._channel = tracing.intercept_channel(open_channel(address, tls, channels.channel_options()))
         self._stub = dit_pb2_grpc.RendererStub(self._channel)
 
     def open(self, header: RenderHeader, on_event: Callable[[object], None], timeout: float | None = None) -> RenderSession:

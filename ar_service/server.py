@@ -17,12 +17,14 @@ from protos import ar_pb2, ar_pb2_grpc, channels, common_pb2
 from protos.formats import format_enum, format_name
 from protos.status import RequestRejected, abort, abort_rejected
 from protos.values import knobs_from_proto, knobs_to_proto, to_value
+from servicekit import tracing
 from servicekit.grpc_server import RunningServer, build_grpc_server
 from servicekit.tls import ServerTLS
 
 log = logging.getLogger(__name__)
 
 IMAGE_GENERATOR_SERVICE = ar_pb2.DESCRIPTOR.services_by_name["ImageGenerator"].full_name
+SPAN_PREFIX = IMAGE_GENERATOR_SERVICE + "/"  # a call's span is named service/method, as gRPC's own tracing does
 POLL_SECONDS = 0.1
 
 #: gRPC Python reports a call without a deadline as ~9.2e18 s remaining (the core's infinite future), and a
@@ -72,7 +74,11 @@ class ImageGeneratorServicer(ar_pb2_grpc.ImageGeneratorServicer):
     # -- RPCs -------------------------------------------------------------------------------
 
     def GenerateImage(self, request: ar_pb2.GenerateImageRequest, context: grpc.ServicerContext):
-        job = self._start(request, context, mode="image")
+        with tracing.server_span(SPAN_PREFIX + "GenerateImage", context) as span:
+            return self._generate_image(request, context, span)
+
+    def _generate_image(self, request: ar_pb2.GenerateImageRequest, context: grpc.ServicerContext, span):
+        job = self._start(request, context, mode="image", span=span)
         response = None
         images = []
         for event in self._events(job, context):
@@ -87,7 +93,11 @@ class ImageGeneratorServicer(ar_pb2_grpc.ImageGeneratorServicer):
         return response
 
     def StreamImage(self, request: ar_pb2.GenerateImageRequest, context: grpc.ServicerContext):
-        job = self._start(request, context, mode="image")
+        with tracing.server_span(SPAN_PREFIX + "StreamImage", context) as span:
+            yield from self._stream_image(request, context, span)
+
+    def _stream_image(self, request: ar_pb2.GenerateImageRequest, context: grpc.ServicerContext, span):
+        job = self._start(request, context, mode="image", span=span)
         for event in self._events(job, context):
             if isinstance(event, events.Progress):
                 progress = common_pb2.Progress(index=event.index, stage=event.stage, step=event.step, total=event.total)
@@ -98,7 +108,11 @@ class ImageGeneratorServicer(ar_pb2_grpc.ImageGeneratorServicer):
                 yield ar_pb2.ImageEvent(completed=_summary(job.plan, event))
 
     def GenerateVisualTokens(self, request: ar_pb2.GenerateImageRequest, context: grpc.ServicerContext):
-        job = self._start(request, context, mode="tokens")
+        with tracing.server_span(SPAN_PREFIX + "GenerateVisualTokens", context) as span:
+            yield from self._visual_tokens(request, context, span)
+
+    def _visual_tokens(self, request: ar_pb2.GenerateImageRequest, context: grpc.ServicerContext, span):
+        job = self._start(request, context, mode="tokens", span=span)
         for event in self._events(job, context):
             if isinstance(event, events.TokenRow):
                 yield ar_pb2.VisualTokenRow(
@@ -137,7 +151,7 @@ class ImageGeneratorServicer(ar_pb2_grpc.ImageGeneratorServicer):
             abort(context, grpc.StatusCode.UNAVAILABLE, "ar_service is still loading its model")
         return self.engine
 
-    def _start(self, request: ar_pb2.GenerateImageRequest, context: grpc.ServicerContext, mode: str) -> Job:
+    def _start(self, request: ar_pb2.GenerateImageRequest, context: grpc.ServicerContext, mode: str, span=None) -> Job:
         engine = self._engine(context)
         try:
             plan = engine.plan(
@@ -157,7 +171,10 @@ class ImageGeneratorServicer(ar_pb2_grpc.ImageGeneratorServicer):
         except RequestRejected as exc:
             abort_rejected(context, exc)
         try:
-            job = engine.submit(plan, mode=mode, timeout=caller_timeout(context))
+            tracing.set_attributes(
+                span, request_id=plan.request_id, n=plan.n, width=plan.width, height=plan.height, seed=plan.seed
+            )
+            job = engine.submit(plan, mode=mode, timeout=caller_timeout(context), trace=tracing.context_of(span))
         except QueueFull as exc:
             log.warning("request %s refused: %s", plan.request_id, exc.message)
             abort_rejected(context, exc)

@@ -8,6 +8,7 @@ import sys
 import time
 
 from dit_service.settings import DiTSettings
+from servicekit import tracing
 from servicekit.logs import setup_logging
 from servicekit.ports import refuse_busy_ports
 from servicekit.settings import load_settings
@@ -19,6 +20,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = load_settings(DiTSettings, argv, prog="python -m dit_service", description="ardit's DiT rendering service")
     setup_logging(settings.log_level)
     refuse_busy_ports("dit_service", settings.host, settings.port, settings.metrics_port)  # before the slow imports and the load
+    tracing.setup("dit_service")  # off unless the OTEL_* environment asks for it
 
     from dit_service.engine import DiTEngine
     from dit_service.model.pipeline import DiTPipeline
@@ -99,6 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     stop.wait()
     stop_gracefully("dit_service", running.server, running.set_serving, settings.shutdown_drain_s, settings.shutdown_grace_s)
     engine.close()
+    tracing.shutdown()  # exit_process skips atexit: export the spans still buffered
     exit_process(0)
 
 

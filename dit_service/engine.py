@@ -31,6 +31,7 @@ from dit_service.model.pipeline import DiTPipeline
 from dit_service.model.sampler import DenoiseCancelled
 from protos.knobs import KnobTable
 from protos.status import RequestRejected
+from servicekit import tracing
 from servicekit.profiling import BusyProfiler, stage
 
 log = logging.getLogger(__name__)
@@ -203,6 +204,7 @@ class RenderJob:
     finished: bool = False  # RenderDone or RenderFailed has been sent
     timings: dict[str, float] = field(default_factory=dict)
     wake: Any = None  # the engine's wake-up, so a cancel is seen within one step
+    trace: Any = None  # the render's trace context (servicekit.tracing); None when tracing is off
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -219,6 +221,7 @@ class _Running:
     entry: Any  # sampler.DenoiseEntry (or a test double)
     joined_at: float
     denoise_s: float = 0.0
+    span: Any = None  # dit.denoise, from joining the batch to the last step (None when tracing is off)
 
 
 class EngineMetrics:
@@ -421,9 +424,13 @@ class DiTEngine:
     def assembler(self, plan: RenderPlan) -> ConditionAssembler:
         return ConditionAssembler(plan, self.max_chunk_bytes, self.max_condition_chunks)
 
-    def submit(self, plan: RenderPlan, condition: torch.Tensor, uncond: torch.Tensor, admitted: bool = False) -> RenderJob:
-        """Queues a render (FIFO). Without a prior ``admit`` the bound is checked here (QueueFull)."""
-        job = RenderJob(plan=plan, condition=condition, uncond=uncond, wake=self._wake)
+    def submit(
+        self, plan: RenderPlan, condition: torch.Tensor, uncond: torch.Tensor, admitted: bool = False, trace: Any = None
+    ) -> RenderJob:
+        """Queues a render (FIFO). Without a prior ``admit`` the bound is checked here (QueueFull).
+
+        ``trace``: the render's trace context; each image's denoise, VAE decode and encode spans open under it."""
+        job = RenderJob(plan=plan, condition=condition, uncond=uncond, wake=self._wake, trace=trace)
         with self._lock:
             if admitted:
                 self._reserved = max(0, self._reserved - 1)
@@ -527,8 +534,11 @@ class DiTEngine:
             log.exception("render %s could not start", plan.request_id)
             self._fail(job, exc)
             return
+        span = tracing.start_span(
+            "dit.denoise", job.trace, image_index=plan.index_offset + image, steps=plan.knobs["num_inference_steps"]
+        )
         with self._lock:
-            self._running.append(_Running(job, image, entry, now))
+            self._running.append(_Running(job, image, entry, now, span=span))
 
     def _fail(self, job: RenderJob, error: BaseException) -> None:
         with self._lock:  # a re-entrant lock: callers may hold it
@@ -549,6 +559,8 @@ class DiTEngine:
                 if running.job in self._queue:
                     self._queue.remove(running.job)
                 self._fail(running.job, error)
+        tracing.end_span(running.span, None if error is None else f"{type(error).__name__}: {error}")
+        running.span = None
         release = getattr(running.entry, "release", None)
         if release is not None:
             release()
@@ -594,11 +606,14 @@ class DiTEngine:
 
     def _finish(self, running: _Running) -> None:
         job, plan, entry = running.job, running.job.plan, running.entry
+        tracing.end_span(running.span, transformer_calls=entry.rows)
+        running.span = None
+        index = plan.index_offset + running.image
         t1 = time.perf_counter()
-        with stage(self.profiler, "dit.vae_decode"):
+        with stage(self.profiler, "dit.vae_decode"), tracing.span("dit.vae_decode", job.trace, image_index=index):
             pixels = self.pipeline.decode(entry.latents)
         t2 = time.perf_counter()
-        with stage(self.profiler, "dit.encode"):
+        with stage(self.profiler, "dit.encode"), tracing.span("dit.encode", job.trace, image_index=index, format=plan.output_format):
             data = encode_image(pixels, plan.output_format, plan.output_compression)
         t3 = time.perf_counter()
         timings = job.timings
@@ -609,7 +624,6 @@ class DiTEngine:
         self._leave(running)
         if job.finished:
             return
-        index = plan.index_offset + running.image
         job.events.put(FinishedImage(index, plan.seed + running.image, plan.output_format, data, plan.width, plan.height))
         job.images_done += 1
         if job.images_done == plan.n:

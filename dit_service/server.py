@@ -28,6 +28,7 @@ from protos.codec import CodecError, decode_tensor
 from protos.formats import format_enum, format_name
 from protos.status import RequestRejected, abort, abort_rejected
 from protos.values import knobs_from_proto, knobs_to_proto
+from servicekit import tracing
 from servicekit.grpc_guard import MalformedMessage
 from servicekit.grpc_server import RunningServer, build_grpc_server
 from servicekit.tls import ServerTLS
@@ -91,6 +92,10 @@ class RendererServicer(dit_pb2_grpc.RendererServicer):
         self.engine = engine  # None while the model loads
 
     def Render(self, request_iterator: Iterator[dit_pb2.RenderInput], context: grpc.ServicerContext):
+        with tracing.server_span(RENDER_SPAN, context) as span:
+            yield from self._render(request_iterator, context, span)
+
+    def _render(self, request_iterator: Iterator[dit_pb2.RenderInput], context: grpc.ServicerContext, span):
         if self.engine is None:
             abort(context, grpc.StatusCode.UNAVAILABLE, "dit_service is still loading its model")
         try:
@@ -107,9 +112,10 @@ class RendererServicer(dit_pb2_grpc.RendererServicer):
             self.engine.admit()  # a full queue refuses at once, before any condition is streamed
         except QueueFull as exc:
             abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), retry_after_s=exc.retry_after_s)
+        tracing.set_attributes(span, request_id=plan.request_id, n=plan.n, width=plan.width, height=plan.height, seed=plan.seed)
         job = None
         try:
-            job = self._receive_condition(plan, request_iterator, context)
+            job = self._receive_condition(plan, request_iterator, context, tracing.context_of(span))
         except RequestRejected as exc:
             abort_rejected(context, exc)
         except CodecError as exc:
@@ -149,8 +155,8 @@ class RendererServicer(dit_pb2_grpc.RendererServicer):
             abort(context, grpc.StatusCode.UNAVAILABLE, "dit_service is still loading its model")
         return common_pb2.EngineStatus(**self.engine.status())
 
-    def _receive_condition(self, plan: RenderPlan, request_iterator, context):
-        """Reads chunks until the end marker; returns the queued job."""
+    def _receive_condition(self, plan: RenderPlan, request_iterator, context, trace=None):
+        """Reads chunks until the end marker; returns the queued job (traced under ``trace``)."""
         assembler = self.engine.assembler(plan)
         for message in request_iterator:
             kind = message.WhichOneof("input")
@@ -162,7 +168,7 @@ class RendererServicer(dit_pb2_grpc.RendererServicer):
                 assembler.add(KIND_NAMES.get(chunk.kind, "unspecified"), chunk.offset, decode_tensor(chunk.hidden_states))
             elif kind == "end":
                 condition, uncond = assembler.complete()
-                return self.engine.submit(plan, condition, uncond, admitted=True)
+                return self.engine.submit(plan, condition, uncond, admitted=True, trace=trace)
             else:
                 raise RequestRejected(f"unexpected {kind or 'empty'} message inside a Render stream", param=kind or "input")
         if not context.is_active():
@@ -191,6 +197,7 @@ class RendererServicer(dit_pb2_grpc.RendererServicer):
 
 
 RENDERER_SERVICE = dit_pb2.DESCRIPTOR.services_by_name["Renderer"].full_name
+RENDER_SPAN = RENDERER_SERVICE + "/Render"  # a call's span is named service/method, as gRPC's own tracing does
 
 
 def build_server(

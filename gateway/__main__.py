@@ -9,6 +9,7 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
+from servicekit import tracing
 from servicekit.logs import setup_logging
 from servicekit.ports import refuse_busy_ports
 from servicekit.settings import load_settings
@@ -25,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     setup_logging(settings.log_level)
     refuse_busy_ports("gateway", settings.host, settings.port)  # uvicorn would start the app first, then fail noisily
+    tracing.setup("gateway")  # off unless the OTEL_* environment asks for it
     app = create_app(settings)
     log.info("gateway on http://%s:%d -> ar %s, dit %s", settings.host, settings.port, settings.ar_address, settings.dit_address)
     try:

@@ -30,6 +30,7 @@ from gateway.errors import APIError
 from gateway.protocol import ImageGenerationRequest
 from gateway.settings import GatewaySettings
 from protos import ar_pb2, ar_pb2_grpc, channels, common_pb2
+from servicekit import tracing
 from servicekit.tls import ClientTLS, open_aio_channel
 
 log = logging.getLogger("gateway")
@@ -224,8 +225,9 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        ar_channel = open_aio_channel(settings.ar_address, tls, channels.channel_options())
-        dit_channel = open_aio_channel(settings.dit_address, tls, channels.channel_options())
+        interceptors = tracing.aio_interceptors()  # None unless tracing is on: calls carry the W3C traceparent
+        ar_channel = open_aio_channel(settings.ar_address, tls, channels.channel_options(), interceptors)
+        dit_channel = open_aio_channel(settings.dit_address, tls, channels.channel_options(), interceptors)
         app.state.ar_channel = ar_channel
         app.state.dit_channel = dit_channel
         app.state.generator = ar_pb2_grpc.ImageGeneratorStub(ar_channel)

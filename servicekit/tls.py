@@ -105,10 +105,12 @@ def open_channel(address: str, tls: ClientTLS | None, options: Sequence[tuple[st
     return grpc.secure_channel(address, credentials, options=options)
 
 
-def open_aio_channel(address: str, tls: ClientTLS | None, options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
-    """An asyncio channel, TLS when ``tls`` is enabled."""
+def open_aio_channel(
+    address: str, tls: ClientTLS | None, options: Sequence[tuple[str, Any]] = (), interceptors: Sequence[Any] | None = None
+) -> grpc.aio.Channel:
+    """An asyncio channel, TLS when ``tls`` is enabled, with ``interceptors`` (e.g. tracing's) when given."""
     credentials = tls.credentials() if tls is not None else None
     options = [*options, *(tls.options() if tls is not None else [])]
     if credentials is None:
-        return grpc.aio.insecure_channel(address, options=options)
-    return grpc.aio.secure_channel(address, credentials, options=options)
+        return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+    return grpc.aio.secure_channel(address, credentials, options=options, interceptors=interceptors)

@@ -110,7 +110,7 @@ def test_the_gpu_override_gives_each_model_service_one_gpu_chosen_by_environment
 def test_dockerfile_copies_every_package_and_runs_as_non_root():
     dockerfile = (ROOT / "Dockerfile").read_text()
     pyproject = (ROOT / "pyproject.toml").read_text()
-    packages = ["protos", "servicekit", "ar_service", "dit_service", "gateway", "tools"]
+    packages = ["protos", "servicekit", "ar_service", "dit_service", "gateway", "tools", "ardit_cli"]
     for package in packages:
         assert f'"{package}*"' in pyproject
         assert f"COPY {package} ./{package}" in dockerfile
