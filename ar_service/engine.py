@@ -33,6 +33,7 @@ from ar_service.generation import (
     ALL_GENERATED,
     ROWS_PER_IMAGE,
     ConditionLengthError,
+    DecodeChoices,
     DecodeStream,
     EagerDecoder,
     SlotDecoder,
@@ -48,7 +49,6 @@ from ar_service.generation import (
 from ar_service.metrics import EngineMetrics
 from ar_service.model.loading import LoadedAR
 from ar_service.model.static_decode import StaticDecoder
-from ar_service.model.tokenizer import IMAGE_END_TOKEN
 from ar_service.prompt import Grid, grid_for_size
 from ar_service.render_client import RenderHeader, RenderSession
 from ar_service.sampling import SamplingParams
@@ -264,22 +264,12 @@ class AREngine:
         # Where the released code and ardit's defaults differ, the checkpoint's ardit_serving.json picks (see
         # servicekit.checkpoint.ServingDefaults): the visual range, which rows become the image condition, the
         # negative prompt used when a request gives none.
-        self.t2i = loaded.t2i
-        if self.serving.visual_token_scope == "start_plus_end":
-            self.t2i = loaded.t2i.with_released_scope(loaded.config.total_vocab_size)
-        self.condition_scope = self.serving.condition_scope
-        self.image_end_id = None
-        if self.condition_scope != ALL_GENERATED:
-            self.image_end_id = loaded.tokenizer.convert_tokens_to_ids(IMAGE_END_TOKEN)
-            if self.image_end_id is None or self.image_end_id < loaded.config.gen_vocab_start_index:
-                raise ValueError(f"condition_scope {self.condition_scope} needs {IMAGE_END_TOKEN} in the tokenizer's "
-                                 "generation vocabulary")
+        self.choices = DecodeChoices.from_serving(loaded.t2i, loaded.config, loaded.tokenizer, self.serving)
         # Strings the tokenizer turns into control tokens: inside a prompt they would rewrite the envelope.
         self._control_tokens = tuple(sorted(loaded.tokenizer.get_added_vocab(), key=len, reverse=True))
-        self.default_negative_prompt = self.serving.default_negative_prompt
-        if self.default_negative_prompt.strip():
+        if self.choices.default_negative_prompt.strip():
             try:
-                self._check_text(self.default_negative_prompt, "negative_prompt")
+                self._check_text(self.choices.default_negative_prompt, "negative_prompt")
             except RequestRejected as exc:
                 raise ValueError(f"default_negative_prompt in the checkpoint's serving settings: {exc}") from exc
         self.max_batch_size = max_batch_size
@@ -423,7 +413,7 @@ class AREngine:
                 f"the model holds {self.loaded.config.max_position_embeddings}: shorten the prompt or the size",
                 param="size",
             )
-        config, scope = self.loaded.config, self.condition_scope
+        config, scope = self.loaded.config, self.choices.condition_scope
         end = question_end(len(prompt_ids), grid, scope)
         text_positions = int(text_condition_mask(prompt_ids, config, end).sum())
         return ImagePlan(
@@ -486,7 +476,7 @@ class AREngine:
             self._check_text(negative_prompt, "negative_prompt")
             text = negative_prompt
         else:
-            text = self.default_negative_prompt
+            text = self.choices.default_negative_prompt
         if not text.strip() or dit_knobs["text_guidance_scale"] <= 1.0:
             return None
         return negative_prompt_ids(self.loaded.tokenizer, text)
@@ -700,7 +690,7 @@ class AREngine:
                 self.loaded.model,
                 plan.prompt_ids,
                 plan.grid,
-                self.t2i,
+                self.choices.t2i,
                 plan.sampling,
                 seed,
                 on_row=self._row_handler(job, index, seed, session),
@@ -708,8 +698,8 @@ class AREngine:
                 prefix=self.prefix,
                 reserve=self.decoder.reserve,
                 guidance=plan.guidance,
-                condition_scope=self.condition_scope,
-                image_end_id=self.image_end_id,
+                condition_scope=self.choices.condition_scope,
+                image_end_id=self.choices.image_end_id,
                 on_window=None if session is None else (lambda hidden: session.send_condition("image", 0, hidden)),
             )
         job.add_timings(ar_prefill_ms=stream.prefill_ms)
@@ -778,7 +768,7 @@ class AREngine:
 
         def on_row(row: int, hidden: torch.Tensor, token_ids: torch.Tensor) -> None:
             if session is not None:
-                if self.condition_scope == ALL_GENERATED:  # the answer window goes at the end (on_window)
+                if self.choices.condition_scope == ALL_GENERATED:  # the answer window goes at the end (on_window)
                     session.send_condition("image", grid.row_start(row), hidden)
             else:
                 ids = [int(t) for t in token_ids[: grid.width]]

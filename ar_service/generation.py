@@ -24,6 +24,7 @@ from ar_service.model.configuration import ARConfig
 from ar_service.model.modeling import KVCache, MammothModa2AR
 from ar_service.model.static_decode import StaticDecoder
 from ar_service.model.t2i_config import T2IGenerationConfig
+from ar_service.model.tokenizer import IMAGE_END_TOKEN
 from ar_service.prompt import Grid, allowed_token_range, build_negative_prompt, build_t2i_prompt, system_prefix
 from ar_service.sampling import Draw, RowSampling, SamplingParams, guided, sample_rows
 
@@ -57,6 +58,30 @@ class GenerationCancelled(Exception):
 class ConditionLengthError(RuntimeError):
     """The generated positions carrying generation-vocabulary ids are not ``ar_h * (ar_w + 1)``: the DiT would get
     a condition of the wrong shape, so the request fails (the engine answers INTERNAL with this message)."""
+
+
+@dataclass(frozen=True)
+class DecodeChoices:
+    """What a checkpoint's serving settings (servicekit ``ServingDefaults``) choose where the released code and
+    ardit's defaults differ: the visual range sampled, which rows become the image condition (and the
+    ``<|image end|>`` id that ``answer_window`` feeds), the negative prompt used when a request has none."""
+
+    t2i: T2IGenerationConfig
+    condition_scope: str = ALL_GENERATED
+    image_end_id: int | None = None
+    default_negative_prompt: str = ""
+
+    @classmethod
+    def from_serving(cls, t2i: T2IGenerationConfig, config: ARConfig, tokenizer, serving) -> DecodeChoices:
+        if serving.visual_token_scope == "start_plus_end":
+            t2i = t2i.with_released_scope(config.total_vocab_size)
+        image_end_id = None
+        if serving.condition_scope != ALL_GENERATED:
+            image_end_id = tokenizer.convert_tokens_to_ids(IMAGE_END_TOKEN)
+            if image_end_id is None or image_end_id < config.gen_vocab_start_index:
+                raise ValueError(f"condition_scope {serving.condition_scope} needs {IMAGE_END_TOKEN} in the tokenizer's "
+                                 "generation vocabulary")
+        return cls(t2i, serving.condition_scope, image_end_id, serving.default_negative_prompt)
 
 
 @dataclass
