@@ -159,7 +159,8 @@ def _read_serving(root: Path) -> ServingDefaults:
     kinds = {f.name: type(getattr(ServingDefaults(), f.name)) for f in fields(ServingDefaults)}
     wrong = [key for key, value in data.items() if not isinstance(value, kinds[key]) or isinstance(value, bool)]
     if wrong:
-        raise ValueError(f"{path}: {', '.join(f'{k} must be a {kinds[k].__name__}' for k in sorted(wrong))}")
+        names = {int: "an integer", str: "a string"}
+        raise ValueError(f"{path}: {', '.join(f'{k} must be {names[kinds[k]]}' for k in sorted(wrong))}")
     try:
         return ServingDefaults(**data)
     except ValueError as exc:
