@@ -69,7 +69,7 @@ def markdown(report: dict) -> str:
         "# AR guidance: cost in the services",
         "",
         f"- command: `{report['command']}`",
-        f"- date: {report['date']}; machine: {report['machine'].get('gpu') or report['machine'].get('cpus')}",
+        f"- date: {report['date']}; machine: {report['machine'].get('gpu') or str(report['machine'].get('cpus')) + ' CPUs'}",
         f"- model: {report['model']}; services started in {report['startup_s']:.1f} s",
         "",
         "| size/steps | c | ar_cfg_scale | AR decode s (off -> on) | AR ms/token | latency s | x AR decode | x latency |",
