@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     tracing.setup("ar_service")  # off unless the OTEL_* environment asks for it
 
     from ar_service.engine import AREngine
+    from ar_service.generation import ROWS_PER_IMAGE
     from ar_service.model.loading import load_ar
     from ar_service.model.static_decode import resolve_decode_kernels
     from ar_service.render_client import GrpcRenderer
@@ -81,7 +82,9 @@ def main(argv: list[str] | None = None) -> None:
         fast_decode=settings.fast_decode == "on" or (settings.fast_decode == "auto" and device.type == "cuda"),
         compile_decode=settings.compile_decode and device.type == "cuda",
         compile_decode_mode=settings.compile_decode_mode,
-        decode_kernels=resolve_decode_kernels(settings.decode_kernels, device, settings.max_batch_size, dtype),
+        decode_kernels=resolve_decode_kernels(
+            settings.decode_kernels, device, ROWS_PER_IMAGE * settings.max_batch_size, dtype
+        ),
         decode_lookahead=settings.decode_lookahead,
         deterministic=settings.deterministic,
         profiler=make_profiler("ar_service", settings.profile_dir, device, settings.profile_max_traces),

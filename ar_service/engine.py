@@ -30,14 +30,20 @@ import torch
 
 from ar_service import events
 from ar_service.generation import (
+    ALL_GENERATED,
+    ROWS_PER_IMAGE,
     ConditionLengthError,
+    DecodeChoices,
     DecodeStream,
     EagerDecoder,
     SlotDecoder,
     build_prefix_cache,
+    image_condition_positions,
+    negative_condition_for,
+    negative_prompt_ids,
     prompt_ids_for,
+    question_end,
     system_prefix_ids,
-    text_condition_for,
     text_condition_mask,
 )
 from ar_service.metrics import EngineMetrics
@@ -79,9 +85,11 @@ class ImagePlan:
     output_format: str
     output_compression: int | None
     sampling: SamplingParams
+    guidance: float  # AR guidance scale; <= 1: off
     dit_knobs: dict[str, Any]
     knobs: dict[str, Any]  # every knob the request runs with, defaults filled in
     text_positions: int
+    image_positions: int
 
 
 @dataclass
@@ -256,8 +264,17 @@ class AREngine:
         self.pixels_per_token = checkpoint.serving.pixels_per_token
         self.size_multiple = math.lcm(self.pixels_per_token, checkpoint.size_multiple)
         self.ar_defaults = loaded.t2i.sampling_defaults
+        # Where the released code and ardit's defaults differ, the checkpoint's ardit_serving.json picks (see
+        # servicekit.checkpoint.ServingDefaults): the visual range, which rows become the image condition, the
+        # negative prompt used when a request gives none.
+        self.choices = DecodeChoices.from_serving(loaded.t2i, loaded.config, loaded.tokenizer, self.serving)
         # Strings the tokenizer turns into control tokens: inside a prompt they would rewrite the envelope.
         self._control_tokens = tuple(sorted(loaded.tokenizer.get_added_vocab(), key=len, reverse=True))
+        if self.choices.default_negative_prompt.strip():
+            try:
+                self._check_text(self.choices.default_negative_prompt, "negative_prompt")
+            except RequestRejected as exc:
+                raise ValueError(f"default_negative_prompt in the checkpoint's serving settings: {exc}") from exc
         self.max_batch_size = max_batch_size
         self.max_queued_requests = max_queued_requests
         self.metrics = metrics or EngineMetrics(max_batch_size)
@@ -269,13 +286,15 @@ class AREngine:
         # Eager: each stream its own cache, padded batch. Fast: fixed slots and an in-place cache sized for the
         # longest request this engine accepts, CUDA graphs on CUDA; deterministic: every step runs every slot
         # (StaticDecoder's full_length) so that no shape depends on the batch-mates (batch-invariant to the bit).
+        # Either way there are ROWS_PER_IMAGE rows per image: an AR-guided image decodes an unconditional row too.
+        rows = ROWS_PER_IMAGE * max_batch_size
         if decoder is None and fast_decode:
             static = StaticDecoder(
-                loaded.model, max_batch_size, self.max_positions(), compile=compile_decode, full_length=deterministic,
+                loaded.model, rows, self.max_positions(), compile=compile_decode, full_length=deterministic,
                 compile_mode=compile_decode_mode, kernels=decode_kernels,
             )
             log.info(
-                "fast decode: %d slots x %d positions (%.2f GiB of K/V), %s kernels, %s%s", max_batch_size,
+                "fast decode: %d slots x %d positions (%.2f GiB of K/V), %s kernels, %s%s", rows,
                 static.max_positions, (static.k.numel() + static.v.numel()) * static.k.element_size() / 2**30,
                 decode_kernels, "CUDA graphs" if static.cuda_graphs else "no CUDA graphs",
                 ", compiled" if compile_decode else "",
@@ -288,7 +307,7 @@ class AREngine:
                 log.info("fast decode: %d CUDA graphs captured in %.1f s", graphs, time.perf_counter() - started)
             static.lookahead = decode_lookahead
             decoder = SlotDecoder(static)
-        self.decoder = decoder or EagerDecoder(loaded.model, max_batch_size)
+        self.decoder = decoder or EagerDecoder(loaded.model, rows)
         self._lock = threading.RLock()  # re-entered when a cancel inside the worker wakes the worker
         self._wake = threading.Condition(self._lock)
         self._waiting: deque[Job] = deque()  # admitted, not started (guarded by _lock)
@@ -389,7 +408,7 @@ class AREngine:
 
         grid = grid_for_size(width, height, self.pixels_per_token)
         prompt_ids = self._prompt_ids(prompt, grid, "prompt")
-        negative_ids = self._prompt_ids(negative_prompt, grid, "negative_prompt") if negative_prompt.strip() else None
+        negative_ids = self._negative_ids(negative_prompt, dit_knobs)
         longest = max(len(prompt_ids), len(negative_ids or ()))
         if longest + grid.decode_tokens > self.loaded.config.max_position_embeddings:
             raise RequestRejected(
@@ -397,7 +416,9 @@ class AREngine:
                 f"the model holds {self.loaded.config.max_position_embeddings}: shorten the prompt or the size",
                 param="size",
             )
-        text_positions = int(text_condition_mask(prompt_ids, self.loaded.config).sum())
+        config, scope = self.loaded.config, self.choices.condition_scope
+        end = question_end(len(prompt_ids), grid, scope)
+        text_positions = int(text_condition_mask(prompt_ids, config, end).sum())
         return ImagePlan(
             request_id=request_id or f"img-{uuid.uuid4().hex}",
             model=self.model_id,
@@ -411,9 +432,11 @@ class AREngine:
             output_format=output_format,
             output_compression=output_compression,
             sampling=SamplingParams(ar_knobs["temperature"], ar_knobs["top_k"], ar_knobs["top_p"]),
+            guidance=ar_knobs["ar_cfg_scale"],
             dit_knobs=dit_knobs,
             knobs={**ar_knobs, **dit_knobs},
             text_positions=text_positions,
+            image_positions=image_condition_positions(prompt_ids, grid, scope, config),
         )
 
     def _check_size(self, width: int, height: int) -> tuple[int, int]:
@@ -434,7 +457,7 @@ class AREngine:
             )
         return width, height
 
-    def _prompt_ids(self, text: str, grid: Grid, param: str) -> list[int]:
+    def _check_text(self, text: str, param: str) -> None:
         for token in self._control_tokens:
             if token in text:
                 raise RequestRejected(f"'{param}' must not contain the model's control token {token!r}", param=param)
@@ -443,7 +466,23 @@ class AREngine:
             raise RequestRejected(
                 f"'{param}' is {count} tokens long; at most {self.max_prompt_tokens} are accepted", param=param
             )
+
+    def _prompt_ids(self, text: str, grid: Grid, param: str) -> list[int]:
+        self._check_text(text, param)
         return prompt_ids_for(self.loaded.tokenizer, text, grid)
+
+    def _negative_ids(self, negative_prompt: str, dit_knobs: dict[str, Any]) -> list[int] | None:
+        """The negative envelope's ids: the request's negative prompt, else the model's default one (the released
+        README's unless the checkpoint's serving settings say otherwise); None when that is empty (the DiT then
+        guides against the empty condition) or when the DiT will not guide at all."""
+        if negative_prompt.strip():
+            self._check_text(negative_prompt, "negative_prompt")
+            text = negative_prompt
+        else:
+            text = self.choices.default_negative_prompt
+        if not text.strip() or dit_knobs["text_guidance_scale"] <= 1.0:
+            return None
+        return negative_prompt_ids(self.loaded.tokenizer, text)
 
     # -- admission and status --------------------------------------------------------------
 
@@ -620,7 +659,7 @@ class AREngine:
         try:
             if plan.negative_ids is not None and job.mode == "image":
                 with stage(self.profiler, "ar.prefill"), tracing.span("ar.prefill", job.trace, prompt="negative"):
-                    job.negative, prefill_ms = text_condition_for(
+                    job.negative, prefill_ms = negative_condition_for(
                         self.loaded.model, plan.negative_ids, prefix_ids=self.prefix_ids, prefix=self.prefix
                     )
                 job.add_timings(ar_prefill_ms=prefill_ms)
@@ -648,7 +687,7 @@ class AREngine:
                 hidden_size=config.hidden_size,
                 dtype=str(self.loaded.model.dtype).removeprefix("torch."),
                 text_positions=plan.text_positions,
-                image_positions=plan.grid.condition_positions,
+                image_positions=plan.image_positions,
                 negative_positions=0 if job.negative is None else job.negative.shape[0],
             )
             with tracing.use(job.trace):  # the render's span and its traceparent hang under the request's
@@ -661,13 +700,17 @@ class AREngine:
                 self.loaded.model,
                 plan.prompt_ids,
                 plan.grid,
-                self.loaded.t2i,
+                self.choices.t2i,
                 plan.sampling,
                 seed,
                 on_row=self._row_handler(job, index, seed, session),
                 prefix_ids=self.prefix_ids,
                 prefix=self.prefix,
                 reserve=self.decoder.reserve,
+                guidance=plan.guidance,
+                condition_scope=self.choices.condition_scope,
+                image_end_id=self.choices.image_end_id,
+                on_window=None if session is None else (lambda hidden: session.send_condition("image", 0, hidden)),
             )
         job.add_timings(ar_prefill_ms=stream.prefill_ms)
         if session is not None:
@@ -738,7 +781,8 @@ class AREngine:
 
         def on_row(row: int, hidden: torch.Tensor, token_ids: torch.Tensor) -> None:
             if session is not None:
-                session.send_condition("image", grid.row_start(row), hidden)
+                if self.choices.condition_scope == ALL_GENERATED:  # the answer window goes at the end (on_window)
+                    session.send_condition("image", grid.row_start(row), hidden)
             else:
                 ids = [int(t) for t in token_ids[: grid.width]]
                 job.events.put(events.TokenRow(index, seed, grid.width, grid.height, row, ids))

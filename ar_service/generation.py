@@ -1,12 +1,20 @@
 """The per-image decode loop: prefill the T2I prompt, then sample the visual-token grid under its contract.
 
 Each generated token's hidden state appears when it is fed back in, so a row's hidden states are complete
-right after its EOL is fed: that is when `on_row` streams the row. The final (look-ahead) token is never fed.
+right after its EOL is fed: that is when `on_row` streams the row. The final (look-ahead) token is never fed,
+except under the released Preview condition scope (``ANSWER_WINDOW``), where it is ``<|image end|>`` and is fed
+for its hidden state.
+
+AR classifier-free guidance (released MammothModa2 ``mammothmoda2/model/modeling_mammothmoda2.py``
+``generate_t2i``, qwen25vl branch, lines 254-262 and 305-306): a guided image decodes a second, unconditional row
+that sees only the last ``UNCOND_PROMPT_TOKENS`` prompt tokens; every draw mixes the two rows' logits
+(``ar_service.sampling.mix_guidance``) and both rows are then fed the token drawn.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -16,10 +24,31 @@ from ar_service.model.configuration import ARConfig
 from ar_service.model.modeling import KVCache, MammothModa2AR
 from ar_service.model.static_decode import StaticDecoder
 from ar_service.model.t2i_config import T2IGenerationConfig
-from ar_service.prompt import Grid, allowed_token_range, build_t2i_prompt, system_prefix
-from ar_service.sampling import RowSampling, SamplingParams, sample_rows
+from ar_service.model.tokenizer import IMAGE_END_TOKEN
+from ar_service.prompt import Grid, allowed_token_range, build_negative_prompt, build_t2i_prompt, system_prefix
+from ar_service.sampling import Draw, RowSampling, SamplingParams, guided, sample_rows
 
 RowCallback = Callable[[int, torch.Tensor, torch.Tensor], None]
+WindowCallback = Callable[[torch.Tensor], None]
+
+#: Prompt tokens the unconditional row of AR guidance sees. The released ``generate_t2i`` doubles the batch and sets
+#: ``attention_mask[unguided_bsz:, :-10] = 0``; Qwen2.5-VL then numbers that row's positions by the mask's running
+#: sum (``get_rope_index``: ``attention_mask.cumsum(-1) - 1``, ``rope_deltas`` carried into decode), so the row is
+#: exactly the last 10 prompt tokens at positions 0..9 followed by the generated tokens at 10, 11, ... For the
+#: usual grids these 10 tokens are ``<|im_start|>assistant\n<|image start|>{w}*{h}<|image token|>``.
+UNCOND_PROMPT_TOKENS = 10
+
+#: Which generated positions become the DiT's image condition (``ServingDefaults.condition_scope``).
+#: ``all_generated``: every grid position (visual tokens and EOLs), the look-ahead token dropped (vllm-omni
+#: ``ar2dit``; bytedance/mammothmoda main branch for the Dev model). ``answer_window``: the released Preview code
+#: (qwen25vl ``mammothmoda2/utils/t2i_utils.py`` lines 293-305): the sequence prompt + grid + ``<|image end|>``
+#: is split at ``len - 10``; generation-vocabulary ids after the split are the image condition (about 10 rows),
+#: and only positions before it may be text condition.
+ALL_GENERATED = "all_generated"
+ANSWER_WINDOW = "answer_window"
+CONDITION_SCOPES = (ALL_GENERATED, ANSWER_WINDOW)
+#: The released Preview answer window: the last 10 positions of prompt + grid + ``<|image end|>``.
+ANSWER_WINDOW_POSITIONS = 10
 
 
 class GenerationCancelled(Exception):
@@ -29,6 +58,30 @@ class GenerationCancelled(Exception):
 class ConditionLengthError(RuntimeError):
     """The generated positions carrying generation-vocabulary ids are not ``ar_h * (ar_w + 1)``: the DiT would get
     a condition of the wrong shape, so the request fails (the engine answers INTERNAL with this message)."""
+
+
+@dataclass(frozen=True)
+class DecodeChoices:
+    """What a checkpoint's serving settings (servicekit ``ServingDefaults``) choose where the released code and
+    ardit's defaults differ: the visual range sampled, which rows become the image condition (and the
+    ``<|image end|>`` id that ``answer_window`` feeds), the negative prompt used when a request has none."""
+
+    t2i: T2IGenerationConfig
+    condition_scope: str = ALL_GENERATED
+    image_end_id: int | None = None
+    default_negative_prompt: str = ""
+
+    @classmethod
+    def from_serving(cls, t2i: T2IGenerationConfig, config: ARConfig, tokenizer, serving) -> DecodeChoices:
+        if serving.visual_token_scope == "start_plus_end":
+            t2i = t2i.with_released_scope(config.total_vocab_size)
+        image_end_id = None
+        if serving.condition_scope != ALL_GENERATED:
+            image_end_id = tokenizer.convert_tokens_to_ids(IMAGE_END_TOKEN)
+            if image_end_id is None or image_end_id < config.gen_vocab_start_index:
+                raise ValueError(f"condition_scope {serving.condition_scope} needs {IMAGE_END_TOKEN} in the tokenizer's "
+                                 "generation vocabulary")
+        return cls(t2i, serving.condition_scope, image_end_id, serving.default_negative_prompt)
 
 
 @dataclass
@@ -44,8 +97,9 @@ def prompt_ids_for(tokenizer, prompt: str, grid: Grid) -> list[int]:
     return list(tokenizer(build_t2i_prompt(prompt, grid), add_special_tokens=False)["input_ids"])
 
 
-def text_condition_mask(prompt_ids: list[int], config: ARConfig) -> torch.Tensor:
-    """Prompt positions that condition the DiT: no vision placeholders, nothing from the gen vocab.
+def text_condition_mask(prompt_ids: list[int], config: ARConfig, question_end: int | None = None) -> torch.Tensor:
+    """Prompt positions that condition the DiT: no vision placeholders, nothing from the gen vocab, and (when
+    ``question_end`` is given, see ``question_end``) nothing from that position on.
 
     vllm-omni ``stage_input_processors/mammoth_moda2.py`` (``ar2dit``): ``questions_mask & ~(visual_token_mask |
     gen_token_mask)`` with visual ids <|image_pad|>, <|video_pad|>, <|vision_start|>, <|vision_end|>
@@ -55,7 +109,31 @@ def text_condition_mask(prompt_ids: list[int], config: ARConfig) -> torch.Tensor
     mask = ids < config.gen_vocab_start_index
     for token in config.vision_placeholder_ids:
         mask &= ids != token
+    if question_end is not None:
+        mask[question_end:] = False
     return mask
+
+
+def question_end(prompt_len: int, grid: Grid, scope: str) -> int | None:
+    """Where the question (the positions that may be text condition) ends: nowhere inside the prompt for
+    ``all_generated``; for ``answer_window`` at ``len(prompt + grid + <|image end|>) - 10``, which cuts into the
+    prompt only for grids of fewer than 9 positions."""
+    if scope == ALL_GENERATED:
+        return None
+    return min(prompt_len, prompt_len + grid.condition_positions + 1 - ANSWER_WINDOW_POSITIONS)
+
+
+def image_condition_positions(prompt_ids: list[int], grid: Grid, scope: str, config: ARConfig) -> int:
+    """Rows of the image condition an image of ``grid`` hands the DiT under ``scope`` (known before decoding: every
+    grid position and ``<|image end|>`` are generation-vocabulary ids)."""
+    if scope == ALL_GENERATED:
+        return grid.condition_positions
+    if scope != ANSWER_WINDOW:
+        raise ValueError(f"condition scope must be one of {', '.join(CONDITION_SCOPES)}; got {scope!r}")
+    generated = grid.condition_positions + 1  # the grid and <|image end|>
+    from_prompt = max(0, ANSWER_WINDOW_POSITIONS - generated)
+    prompt_tail = prompt_ids[len(prompt_ids) - from_prompt :] if from_prompt else []
+    return min(generated, ANSWER_WINDOW_POSITIONS) + sum(t >= config.gen_vocab_start_index for t in prompt_tail)
 
 
 def image_condition_mask(generated_ids: list[int], config: ARConfig) -> torch.Tensor:
@@ -78,6 +156,8 @@ def check_image_condition(generated_ids: list[int], config: ARConfig, grid: Grid
 
 #: Rows every batched decode forward is padded to unless told otherwise (the engine's default max batch size).
 DEFAULT_PAD_TO = 8
+#: Decode rows one image may take: its own and, with AR guidance, its unconditional row.
+ROWS_PER_IMAGE = 2
 
 
 @dataclass
@@ -116,7 +196,8 @@ def _prefill(
     prefix_ids: list[int] | None = None,
     prefix: PrefixCache | None = None,
 ):
-    """Prefill ``prompt_ids``; returns (last logits [1, V], text condition on the CPU, the cache used).
+    """Prefill ``prompt_ids``; returns (last logits [1, V], condition states of every position [L, H] on the
+    model's device, the cache used).
 
     When the prompt starts with the system prefix, the prefix and the rest run as two chunks: the prefix
     chunk is either computed here or, with ``prefix`` given, its K/V and states copied from the shared
@@ -139,8 +220,11 @@ def _prefill(
             head = _forward_chunk(model, prompt_ids[:split], 0, cache)[1]
         logits, tail = _forward_chunk(model, prompt_ids[split:], split, cache)
         hidden = torch.cat([head, tail], dim=0)
-    mask = text_condition_mask(prompt_ids, model.config).to(hidden.device)
-    return logits, hidden[mask].cpu(), cache
+    return logits, hidden, cache
+
+
+def _text_condition(model: MammothModa2AR, prompt_ids: list[int], hidden: torch.Tensor, end: int | None = None):
+    return hidden[text_condition_mask(prompt_ids, model.config, end).to(hidden.device)].cpu()
 
 
 @torch.inference_mode()
@@ -151,20 +235,54 @@ def text_condition_for(
     prefix_ids: list[int] | None = None,
     prefix: PrefixCache | None = None,
 ) -> tuple[torch.Tensor, float]:
-    """Prefill only (e.g. a negative prompt); `config` is accepted for callers that pass it, and unused."""
+    """Prefill only: the prompt's text condition; `config` is accepted for callers that pass it, and unused."""
     start = time.perf_counter()
-    _, text, _ = _prefill(model, prompt_ids, None, prefix_ids, prefix)
-    return text, (time.perf_counter() - start) * 1000
+    _, hidden, _ = _prefill(model, prompt_ids, None, prefix_ids, prefix)
+    return _text_condition(model, prompt_ids, hidden), (time.perf_counter() - start) * 1000
+
+
+def negative_prompt_ids(tokenizer, negative_prompt: str) -> list[int]:
+    return list(tokenizer(build_negative_prompt(negative_prompt), add_special_tokens=False)["input_ids"])
+
+
+@torch.inference_mode()
+def negative_condition_for(
+    model: MammothModa2AR,
+    negative_ids: list[int],
+    prefix_ids: list[int] | None = None,
+    prefix: PrefixCache | None = None,
+) -> tuple[torch.Tensor, float]:
+    """The unconditional branch of the DiT's guidance as released (qwen25vl ``t2i_utils.py`` ``encode_full_prompts``
+    lines 141-147): the condition states of every position of the negative envelope (``build_negative_prompt``),
+    none masked. Returns ([L, H] on the CPU, prefill ms)."""
+    start = time.perf_counter()
+    _, hidden, _ = _prefill(model, negative_ids, None, prefix_ids, prefix)
+    return hidden.cpu(), (time.perf_counter() - start) * 1000
+
+
+class UnconditionalRow:
+    """The second decode row of an AR-guided image: the last ``UNCOND_PROMPT_TOKENS`` prompt tokens as a sequence of
+    their own (positions 0..9), then every token the image draws, one position further each (see the constant)."""
+
+    def __init__(self, model: MammothModa2AR, prompt_ids: list[int], grid: Grid, reserve: bool) -> None:
+        ids = prompt_ids[-UNCOND_PROMPT_TOKENS:]
+        self.prompt_len = len(ids)
+        capacity = len(ids) + grid.decode_tokens if reserve else len(ids)
+        self.logits, _, self.cache = _prefill(model, ids, KVCache(capacity=capacity))
+        self.slot: int | None = None  # a slot decoder's row, while the image holds one
 
 
 class DecodeStream:
-    """One image being decoded: its cache (or decoder slot), position, grid column, constraints and seed.
+    """One image being decoded: its cache (or decoder slot), position, grid column, constraints and seed, and
+    with AR guidance its ``UnconditionalRow``.
 
     The token to append next is always drawn already: the first from the prefill's logits, each later one by
     the decode forward that fed its predecessor (``sample_rows`` with this stream's ``draw`` inputs). ``sample()``
     appends it; unless that was the look-ahead token, the stream then needs one forward (a decoder's ``step``
     batches those of many streams), whose hidden state and drawn token it takes in ``accept()``.
-    Rows go to ``on_row(row, hidden [W+1, H] on the CPU, token ids)`` as soon as their EOL is fed.
+    Rows go to ``on_row(row, hidden [W+1, H] on the CPU, token ids)`` as soon as their EOL is fed. Under the
+    ``answer_window`` scope the look-ahead token is ``<|image end|>`` and is fed too; then ``on_window(hidden)``
+    gets the image condition ([n, H] on the CPU, n = ``image_condition_positions``).
     """
 
     def __init__(
@@ -179,25 +297,49 @@ class DecodeStream:
         prefix_ids: list[int] | None = None,
         prefix: PrefixCache | None = None,
         reserve: bool = True,
+        guidance: float = 1.0,
+        condition_scope: str = ALL_GENERATED,
+        image_end_id: int | None = None,
+        on_window: WindowCallback | None = None,
     ) -> None:
         """``reserve``: size the prefill cache for the whole grid (the eager decoder grows it in place);
-        a slot decoder copies the prompt's K/V into its own cache, so it needs only the prompt."""
+        a slot decoder copies the prompt's K/V into its own cache, so it needs only the prompt. ``guidance``: the
+        AR guidance scale (<= 1: off). ``image_end_id``: ``<|image end|>``, needed by the ``answer_window`` scope."""
         total = len(prompt_ids) + grid.decode_tokens
         if total > model.config.max_position_embeddings:
             raise ValueError(
                 f"prompt + grid needs {total} positions; the model allows {model.config.max_position_embeddings}"
             )
+        if condition_scope not in CONDITION_SCOPES:
+            raise ValueError(f"condition_scope must be one of {', '.join(CONDITION_SCOPES)}; got {condition_scope!r}")
+        if condition_scope == ANSWER_WINDOW and image_end_id is None:
+            raise ValueError("the answer_window condition scope needs the <|image end|> id")
         self.model, self.grid, self.t2i, self.sampling, self.on_row = model, grid, t2i, sampling, on_row
-        self.seed = seed
+        self.seed, self.guidance = seed, float(guidance)
+        self.feeds_last = condition_scope == ANSWER_WINDOW
+        self.image_end_id, self.on_window = image_end_id, on_window
         self.prompt_len = len(prompt_ids)
         self.tokens: list[int] = []
+        self.image_condition: torch.Tensor | None = None  # the answer window, once complete
+        self._complete = False
         start = time.perf_counter()
-        logits, self.text_condition, self.cache = _prefill(
+        logits, hidden, self.cache = _prefill(
             model, prompt_ids, KVCache(capacity=total if reserve else len(prompt_ids)), prefix_ids, prefix
-        )  # .cpu() inside syncs the device
-        lo, hi = allowed_token_range(0, grid, t2i)
-        first = sample_rows(logits[:, lo : hi + 1], lo, RowSampling.build([self.draw], logits.device))
-        self.next_token: int | None = int(first[0])
+        )
+        self.text_condition = _text_condition(model, prompt_ids, hidden, question_end(len(prompt_ids), grid, condition_scope))
+        # (id, condition state) of the last positions: the answer window's candidates, prompt positions first.
+        self._recent: deque[tuple[int, torch.Tensor]] = deque(
+            zip(prompt_ids[-ANSWER_WINDOW_POSITIONS:], hidden[-ANSWER_WINDOW_POSITIONS:], strict=True)
+            if self.feeds_last else (), maxlen=ANSWER_WINDOW_POSITIONS,
+        )
+        self.uncond = UnconditionalRow(model, prompt_ids, grid, reserve) if self.guidance > 1 else None
+        lo, hi = self.draw[0]
+        if self.uncond is None:
+            first = sample_rows(logits[:, lo : hi + 1], lo, RowSampling.build([self.draw], logits.device))
+        else:
+            both = torch.cat([logits, self.uncond.logits])[:, lo : hi + 1]
+            first = sample_rows(both, lo, RowSampling.build([guided(self.draw, self.guidance, 1), self.draw], logits.device))
+        self.next_token: int | None = int(first[0])  # the host read syncs the device
         self.prefill_ms = (time.perf_counter() - start) * 1000
         self.slot: int | None = None  # a slot decoder's row, while the stream holds one
         self.row_len = grid.width + 1
@@ -205,37 +347,70 @@ class DecodeStream:
 
     @property
     def done(self) -> bool:
-        return len(self.tokens) == self.grid.decode_tokens
+        return self._complete
 
     @property
-    def draw(self) -> tuple[tuple[int, int], SamplingParams, int, int]:
+    def draw(self) -> Draw:
         """(allowed id range, sampling params, seed, step) of the token drawn next: ``sample_rows``' row inputs."""
         return self.draw_at(len(self.tokens))
 
-    def draw_at(self, step: int) -> tuple[tuple[int, int], SamplingParams, int, int]:
-        return allowed_token_range(step, self.grid, self.t2i), self.sampling, self.seed, step
+    def draw_at(self, step: int) -> Draw:
+        if self.feeds_last and step == self.grid.condition_positions:
+            allowed = (self.image_end_id, self.image_end_id)  # the answer window's <|image end|>, forced
+        else:
+            allowed = allowed_token_range(step, self.grid, self.t2i)
+        return allowed, self.sampling, self.seed, step
+
+    def feeds(self, index: int) -> bool:
+        """Whether token ``index`` (0-based) is fed back: every grid position; the look-ahead only under the answer
+        window scope."""
+        return index < self.grid.decode_tokens - 1 or (self.feeds_last and index == self.grid.decode_tokens - 1)
 
     def sample(self) -> bool:
-        """Appends the drawn token; True when it must be fed (a forward is due), False after the look-ahead."""
+        """Appends the drawn token; True when it must be fed (a forward is due), False when the stream is done."""
+        if self._complete:
+            return False
         if self.next_token is None:
             raise RuntimeError("no token drawn: accept() the last forward first")
         self.tokens.append(self.next_token)
         self.next_token = None
-        if self.done:
+        if len(self.tokens) == self.grid.decode_tokens:
             check_image_condition(self.tokens, self.model.config, self.grid)
-            self.cache = None  # free the K/V now
-            return False
+            if not self.feeds_last:
+                self._finish()
+                return False
         return True
+
+    def _finish(self) -> None:
+        self._complete = True
+        self.cache = None  # free the K/V now
+        if self.uncond is not None:
+            self.uncond.cache = None
 
     @property
     def feed(self) -> tuple[int, int]:
         """(token id, position) of the forward this stream waits for."""
         return self.tokens[-1], self.prompt_len + len(self.tokens) - 1
 
+    @property
+    def uncond_offset(self) -> int:
+        """How many positions the unconditional row's sequence lies behind this one's."""
+        return self.prompt_len - self.uncond.prompt_len
+
     def accept(self, hidden: torch.Tensor, next_token: int) -> None:
         """Takes this stream's row of a decode forward: the fed token's hidden state [H] and the token it drew."""
         self.next_token = next_token
         i = len(self.tokens) - 1
+        if self.feeds_last:
+            self._recent.append((self.tokens[-1], hidden))
+        if i == self.grid.condition_positions:  # <|image end|> was fed: the answer window is complete
+            start = self.model.config.gen_vocab_start_index
+            window = [h for token, h in self._recent if token >= start]
+            self.image_condition = torch.stack(window).to("cpu")
+            self._finish()
+            if self.on_window is not None:
+                self.on_window(self.image_condition)
+            return
         self._row[i % self.row_len] = hidden
         if (i + 1) % self.row_len == 0:
             row = i // self.row_len
@@ -246,9 +421,28 @@ class DecodeStream:
                 self.on_row(row, self._row.to("cpu", copy=True), torch.tensor(ids))
 
 
+def _step_rows(streams: list[DecodeStream], feeds: list[tuple[int, int]], steps: list[int],
+               uncond_places: list[int | None]) -> tuple[list[int], list[int], list[Draw]]:
+    """The decode rows of one step: each stream's row (fed ``feeds[b]``, drawing token ``steps[b]``), then the
+    unconditional row of each guided stream, fed the same token ``uncond_offset`` positions back. ``uncond_places``:
+    the index each unconditional row takes in the step (its list position, or its decoder slot), which the guided
+    row's draw names. Returns (ids, positions, draws) in that order."""
+    ids = [token for token, _ in feeds]
+    positions = [position for _, position in feeds]
+    draws = [s.draw_at(step) for s, step in zip(streams, steps, strict=True)]
+    for b, s in enumerate(streams):
+        if s.uncond is not None:
+            ids.append(ids[b])
+            positions.append(positions[b] - s.uncond_offset)
+            draws.append(draws[b])  # drawn too, and thrown away: the unconditional row feeds its image's token
+            draws[b] = guided(draws[b], s.guidance, uncond_places[b])
+    return ids, positions, draws
+
+
 class EagerDecoder:
     """Each stream keeps its own growing KVCache; every step is one forward padded to ``pad_to`` rows (the
-    CPU path: batch-invariant to the bit, see ``MammothModa2AR.decode``), then the row-wise sampler."""
+    CPU path: batch-invariant to the bit, see ``MammothModa2AR.decode``), then the row-wise sampler. A guided
+    stream's unconditional row is one more row of the same forward."""
 
     reserve = True
 
@@ -260,19 +454,28 @@ class EagerDecoder:
 
     def release(self, stream: DecodeStream) -> None:
         stream.cache = None
+        if stream.uncond is not None:
+            stream.uncond.cache = None
 
     @torch.inference_mode()
     def step(self, streams: list[DecodeStream]) -> tuple[list[int], torch.Tensor]:
         """One forward for ``streams``: (the token each drew, hidden states [B, H])."""
-        ids, positions = zip(*(s.feed for s in streams), strict=True)
-        logits, hidden = self.model.decode(list(ids), list(positions), [s.cache for s in streams], pad_to=self.pad_to)
-        rows = RowSampling.build([s.draw for s in streams], logits.device)
-        return sample_rows(logits, self.model.config.gen_vocab_start_index, rows).tolist(), hidden
+        n = len(streams)
+        places, caches = [], [s.cache for s in streams]
+        for s in streams:  # unconditional rows follow the streams' rows, in the streams' order
+            places.append(None if s.uncond is None else len(caches))
+            if s.uncond is not None:
+                caches.append(s.uncond.cache)
+        ids, positions, draws = _step_rows(streams, [s.feed for s in streams], [len(s.tokens) for s in streams], places)
+        logits, hidden = self.model.decode(ids, positions, caches, pad_to=self.pad_to)
+        rows = RowSampling.build(draws, logits.device)
+        return sample_rows(logits, self.model.config.gen_vocab_start_index, rows)[:n].tolist(), hidden[:n]
 
 
 class SlotDecoder:
     """Streams decode in the fixed slots of a ``StaticDecoder`` (CUDA graphs, sampling inside): a stream takes a
-    slot after its prefill and must give it back (``release``) when it finishes, fails or is cancelled."""
+    slot after its prefill (two when guided: its unconditional row takes another) and must give them back
+    (``release``) when it finishes, fails or is cancelled."""
 
     reserve = False
 
@@ -282,28 +485,45 @@ class SlotDecoder:
     def admit(self, stream: DecodeStream) -> None:
         stream.slot = self.static.admit(stream.cache)
         stream.cache = None
+        if stream.uncond is not None:
+            try:
+                stream.uncond.slot = self.static.admit(stream.uncond.cache)
+            except Exception:
+                self.release(stream)
+                raise
+            stream.uncond.cache = None
 
     def release(self, stream: DecodeStream) -> None:
         stream.cache = None
-        if stream.slot is not None:
-            self.static.release(stream.slot)
-            stream.slot = None
+        for holder in (stream, stream.uncond):
+            if holder is not None and holder.slot is not None:
+                self.static.release(holder.slot)
+                holder.slot = None
+        if stream.uncond is not None:
+            stream.uncond.cache = None
+
+    @staticmethod
+    def _rows(streams: list[DecodeStream], feeds: list[tuple[int, int]], steps: list[int]):
+        """(slots, ids, positions, draws) of a static step: the streams' slots, then their unconditional rows'."""
+        uncond = [None if s.uncond is None else s.uncond.slot for s in streams]
+        ids, positions, draws = _step_rows(streams, feeds, steps, uncond)
+        slots = [s.slot for s in streams] + [slot for slot in uncond if slot is not None]
+        return slots, ids, positions, draws
 
     @torch.inference_mode()
     def step(self, streams: list[DecodeStream]) -> tuple[list[int], torch.Tensor]:
-        ids, positions = zip(*(s.feed for s in streams), strict=True)
-        slots = [s.slot for s in streams]
-        tokens, hidden = self.static.step(slots, list(ids), list(positions), [s.draw for s in streams])
+        n = len(streams)
+        tokens, hidden = self.static.step(*self._rows(streams, [s.feed for s in streams], [len(s.tokens) for s in streams]))
+        tokens, hidden = tokens[:n], hidden[:n]
         if self.static.lookahead:
             # The likeliest next step: every stream that goes on feeds the token it just drew, one position on.
-            going = [(s, token) for s, token in zip(streams, tokens, strict=True) if len(s.tokens) + 1 < s.grid.decode_tokens]
+            going = [(s, token) for s, token in zip(streams, tokens, strict=True) if s.feeds(len(s.tokens))]
             if going:
-                self.static.launch_ahead(
-                    [s.slot for s, _ in going],
-                    [token for _, token in going],
-                    [s.feed[1] + 1 for s, _ in going],
-                    [s.draw_at(len(s.tokens) + 1) for s, _ in going],
-                )
+                self.static.launch_ahead(*self._rows(
+                    [s for s, _ in going],
+                    [(token, s.feed[1] + 1) for s, token in going],
+                    [len(s.tokens) + 1 for s, _ in going],
+                ))
         return tokens, hidden
 
 
@@ -354,9 +574,13 @@ def generate_grid(
     prefix_ids: list[int] | None = None,
     prefix: PrefixCache | None = None,
     decoder: EagerDecoder | SlotDecoder | None = None,
+    guidance: float = 1.0,
+    condition_scope: str = ALL_GENERATED,
+    image_end_id: int | None = None,
 ) -> GridResult:
-    """Decode exactly grid.decode_tokens tokens of one image alone (the engine's batched loop, batch of one);
-    `on_prefill(text_condition)` fires before decoding. ``decoder`` defaults to an ``EagerDecoder(pad_to)``."""
+    """Decode the grid of one image alone (the engine's batched loop, batch of one); `on_prefill(text_condition)`
+    fires before decoding. ``decoder`` defaults to an ``EagerDecoder(pad_to)``. ``guidance``, ``condition_scope`` and
+    ``image_end_id`` as ``DecodeStream`` takes them."""
     decoder = decoder or EagerDecoder(model, pad_to)
     rows: list[torch.Tensor] = []
 
@@ -365,21 +589,27 @@ def generate_grid(
         if on_row is not None:
             on_row(row, hidden, ids)
 
-    stream = DecodeStream(model, prompt_ids, grid, t2i, sampling, seed, keep_row, prefix_ids, prefix, decoder.reserve)
+    stream = DecodeStream(model, prompt_ids, grid, t2i, sampling, seed, keep_row, prefix_ids, prefix, decoder.reserve,
+                          guidance=guidance, condition_scope=condition_scope, image_end_id=image_end_id)
     if on_prefill is not None:
         on_prefill(stream.text_condition)
     decoder.admit(stream)
     start = time.perf_counter()
     try:
-        for i in range(grid.decode_tokens):
+        i = 0
+        while True:
             if should_stop is not None and should_stop():
                 raise GenerationCancelled(f"stopped after {i} of {grid.decode_tokens} tokens")
             if not stream.sample():
                 break
             tokens, hidden = decoder.step([stream])
             stream.accept(hidden[0], tokens[0])
+            i += 1
     finally:
         decoder.release(stream)
     decode_ms = (time.perf_counter() - start) * 1000
-    image = torch.cat(rows, dim=0) if rows else torch.empty(0, model.config.hidden_size, dtype=model.dtype)
+    if stream.image_condition is not None:
+        image = stream.image_condition
+    else:
+        image = torch.cat(rows, dim=0) if rows else torch.empty(0, model.config.hidden_size, dtype=model.dtype)
     return GridResult(stream.tokens, stream.text_condition, image, stream.prefill_ms, decode_ms)

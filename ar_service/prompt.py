@@ -70,6 +70,13 @@ def build_t2i_prompt(prompt: str, grid: Grid) -> str:
     )
 
 
+def build_negative_prompt(negative_prompt: str) -> str:
+    """The negative (unconditional) envelope as released: the system and user messages through the chat template
+    without the generation prompt (bytedance/mammothmoda qwen25vl ``mammothmoda2/model/processing_mammothmoda2.py``
+    lines 179-183, ``add_generation_prompt=False``), i.e. no assistant header and no image tokens."""
+    return f"{system_prefix()}{negative_prompt}<|im_end|>\n"
+
+
 def allowed_token_range(generated_len: int, grid: Grid, t2i: _VisualIds) -> tuple[int, int]:
     """Inclusive id range the next token may take, given how many tokens were generated so far.
 

@@ -6,6 +6,12 @@ the argmax of ``logits / temperature + g`` over the ids that survive the range, 
 filtered softmax distribution (the Gumbel-max identity), and, unlike a stateful generator shared by a batch,
 a row's draw depends only on its own seed, step and logits: batch-invariant, the same on CPU and CUDA for the
 same logits, and free of host round trips, so the GPU decode step samples inside its CUDA graph.
+
+AR classifier-free guidance (released MammothModa2, ``mammothmoda2/utils/logits_processor.py``
+``ClassifierFreeGuidanceLogitsProcessor``, applied first in ``modeling_mammothmoda2.py`` ``generate_t2i``): a guided
+row names the row holding its unconditional logits (``partner``) and its scale; its float32 logits become
+``uncond + (cond - uncond) * scale`` before anything else (the allowed range, temperature, top-k, top-p). Rows with a
+scale <= 1 keep their own logits untouched, so an unguided row's draw is what it was without guidance support.
 """
 
 from __future__ import annotations
@@ -34,6 +40,11 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
 
+#: One row's draw inputs: (allowed id range (inclusive), params, seed, step), optionally followed by the AR guidance
+#: scale and the index of the row with the unconditional logits (absent: 1.0, the row itself).
+Draw = tuple
+
+
 @dataclass
 class RowSampling:
     """Per-row sampling inputs as tensors [B] on one device (a CUDA graph reads them in place)."""
@@ -45,26 +56,44 @@ class RowSampling:
     top_p: torch.Tensor  # float32
     seed: torch.Tensor  # int64, >= 0
     step: torch.Tensor  # int64, index of the token being drawn
+    partner: torch.Tensor  # int64, the row holding this row's unconditional logits (itself when unguided)
+    guidance: torch.Tensor  # float32, AR guidance scale; <= 1: off
 
     @classmethod
     def from_columns(cls, ints: torch.Tensor, floats: torch.Tensor) -> RowSampling:
-        """Views of ``ints`` [B, 5] (``draw_columns``' first list per row) and ``floats`` [B, 2] (its second)."""
-        return cls(lo=ints[:, 0], hi=ints[:, 1], top_k=ints[:, 2], seed=ints[:, 3], step=ints[:, 4],
-                   temperature=floats[:, 0], top_p=floats[:, 1])
+        """Views of ``ints`` [B, 6] (``draw_columns``' first list per row) and ``floats`` [B, 3] (its second)."""
+        return cls(lo=ints[:, 0], hi=ints[:, 1], top_k=ints[:, 2], seed=ints[:, 3], step=ints[:, 4], partner=ints[:, 5],
+                   temperature=floats[:, 0], top_p=floats[:, 1], guidance=floats[:, 2])
 
     @classmethod
-    def build(cls, rows: list[tuple[tuple[int, int], SamplingParams, int, int]], device) -> RowSampling:
-        """From (allowed range, params, seed, step) per row."""
-        ints, floats = zip(*map(draw_columns, rows), strict=True)
+    def build(cls, rows: list[Draw], device) -> RowSampling:
+        """From one ``Draw`` per row (row b's default partner is row b)."""
+        ints, floats = zip(*(draw_columns(draw, b) for b, draw in enumerate(rows)), strict=True)
         return cls.from_columns(torch.tensor(ints, dtype=torch.long, device=device),
                                 torch.tensor(floats, dtype=torch.float32, device=device))
 
 
-def draw_columns(draw: tuple[tuple[int, int], SamplingParams, int, int]) -> tuple[list[int], list[float]]:
-    """One row's (allowed range, params, seed, step) as the integer columns (lo, hi, top_k, seed, step) and the
-    float columns (temperature, top_p) that ``RowSampling.from_columns`` reads."""
-    (lo, hi), params, seed, step = draw
-    return [lo, hi, params.top_k, seed % 2**63, step], [params.temperature, params.top_p]
+def guided(draw: Draw, guidance: float, partner: int) -> Draw:
+    """``draw`` with an AR guidance scale and the row of its unconditional logits."""
+    return (*draw[:4], float(guidance), partner)
+
+
+def draw_columns(draw: Draw, row: int = 0) -> tuple[list[int], list[float]]:
+    """One row's draw (``Draw``) as the integer columns (lo, hi, top_k, seed, step, partner) and the float columns
+    (temperature, top_p, guidance) that ``RowSampling.from_columns`` reads; ``row`` is its own index (the partner of
+    an unguided row)."""
+    (lo, hi), params, seed, step, *guide = draw
+    guidance, partner = guide if guide else (1.0, row)
+    return [lo, hi, params.top_k, seed % 2**63, step, partner], [params.temperature, params.top_p, guidance]
+
+
+def mix_guidance(logits: torch.Tensor, rows: RowSampling) -> torch.Tensor:
+    """Float32 logits [B, V] with each guided row replaced by ``uncond + (cond - uncond) * scale`` (uncond: its
+    partner row's logits); unguided rows are returned as they came (bit for bit)."""
+    logits = logits.float()
+    uncond = logits.index_select(0, rows.partner)
+    mixed = uncond + (logits - uncond) * rows.guidance[:, None]
+    return torch.where((rows.guidance > 1.0)[:, None], mixed, logits)
 
 
 def _mix(x: torch.Tensor) -> torch.Tensor:
@@ -88,11 +117,13 @@ def sample_rows(logits: torch.Tensor, offset: int, rows: RowSampling, noise=gumb
     """One id per row of ``logits`` [B, V] (column j is id ``offset + j``): int64 [B], absolute ids. ``noise``:
     ``gumbel_noise`` or a compiled copy of it (the fast decode step fuses its ~50 integer ops into one kernel).
 
-    Filters as the reference samplers do: the allowed range, then temperature, top-k, then top-p over what
-    top-k kept (the best token always stays). Only tensor ops with fixed shapes: capturable in a CUDA graph.
+    Filters as the reference samplers do: AR guidance first (``mix_guidance``), then the allowed range, temperature,
+    top-k, then top-p over what top-k kept (the best token always stays). Only tensor ops with fixed shapes:
+    capturable in a CUDA graph.
     """
     b, v = logits.shape
     device = logits.device
+    logits = mix_guidance(logits, rows)
     ids = torch.arange(v, device=device) + offset
     allowed = (ids[None] >= rows.lo[:, None]) & (ids[None] <= rows.hi[:, None])
     greedy = rows.temperature <= 0

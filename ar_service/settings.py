@@ -36,7 +36,9 @@ class ARSettings(ModelServiceSettings):
     # -- batching and admission --
     max_batch_size: int = Field(
         8, ge=1, le=256,
-        description="most images decoded together; every decode step runs padded to this many rows (batch invariance)",
+        description="most images decoded together; an image takes one decode row, two with AR guidance (ar_cfg_scale "
+        "> 1), and the decoder holds two rows per image: every eager decode step runs padded to 2 * max_batch_size "
+        "rows (batch invariance)",
     )
     max_queued_requests: int = Field(
         16, ge=0, description="requests that may wait for a slot; beyond this, RESOURCE_EXHAUSTED (HTTP 429) at once"
@@ -57,7 +59,7 @@ class ARSettings(ModelServiceSettings):
         description="with fast_decode: the decode step's kernels. triton: ardit's own (RMSNorm, bias, SwiGLU and "
         "residuals folded into the weight reads; attention over each row's own length, so one CUDA graph per row "
         "count); torch: cuBLAS and torch's kernels, one CUDA graph per row count and length bucket (auto: triton on "
-        "CUDA when the triton package imports, max_batch_size <= 16 and a start-up probe of the kernels passes, "
+        "CUDA when the triton package imports, 2 * max_batch_size <= 16 and a start-up probe of the kernels passes, "
         "else torch)",
     )
     compile_decode: bool = Field(

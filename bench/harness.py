@@ -84,6 +84,18 @@ def parse_env(text: str) -> dict[str, str]:
     return dict(_pairs(text, "KEY=VALUE"))
 
 
+def parse_knob(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` with a JSON value (``ar_cfg_scale=1``, ``cfg_range=[0,0.5]``); a value that is not JSON is a
+    string (``cfg_execution_mode=packed``)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE; got {text!r}")
+    try:
+        return key.strip(), json.loads(value)
+    except json.JSONDecodeError:
+        return key.strip(), value
+
+
 def parse_ints(text: str) -> list[int]:
     values = [int(part) for part in text.split(",") if part.strip()]
     if not values or any(v < 1 for v in values):
@@ -120,13 +132,15 @@ class Outcome:
 
 
 class RestClient:
-    """POST /v1/images/generations on the gateway; the answer's ``timings`` are the services' own."""
+    """POST /v1/images/generations on the gateway; the answer's ``timings`` are the services' own. ``knobs``: more
+    per-model knobs sent with every request."""
 
-    def __init__(self, url: str, timeout_s: float):
+    def __init__(self, url: str, timeout_s: float, knobs: dict | None = None):
         self.http = httpx.Client(base_url=url, timeout=timeout_s)
+        self.knobs = dict(knobs or {})
 
     def __call__(self, size: int, steps: int, seed: int, guidance: float | None) -> Outcome:
-        body = {"prompt": PROMPT, "size": f"{size}x{size}", "num_inference_steps": steps, "seed": seed}
+        body = {"prompt": PROMPT, "size": f"{size}x{size}", "num_inference_steps": steps, "seed": seed, **self.knobs}
         if guidance is not None:
             body["text_guidance_scale"] = guidance
         start = time.perf_counter()
@@ -147,7 +161,7 @@ class RestClient:
 class GrpcClient:
     """ImageGenerator.GenerateImage on ar_service (the gRPC front door): no gateway, so no ``gateway_ms``."""
 
-    def __init__(self, address: str, timeout_s: float):
+    def __init__(self, address: str, timeout_s: float, knobs: dict | None = None):
         import grpc
 
         from protos import ar_pb2, ar_pb2_grpc
@@ -156,12 +170,13 @@ class GrpcClient:
         self.grpc, self.ar_pb2, self.timeout_s = grpc, ar_pb2, timeout_s
         self.channel = grpc.insecure_channel(address, options=channel_options())
         self.stub = ar_pb2_grpc.ImageGeneratorStub(self.channel)
+        self.knobs = dict(knobs or {})
 
     def __call__(self, size: int, steps: int, seed: int, guidance: float | None) -> Outcome:
         from gateway.translate import timings_to_dict
         from protos.values import knobs_from_proto, knobs_to_proto
 
-        knobs = {"num_inference_steps": steps} | ({} if guidance is None else {"text_guidance_scale": guidance})
+        knobs = {"num_inference_steps": steps, **self.knobs} | ({} if guidance is None else {"text_guidance_scale": guidance})
         request = self.ar_pb2.GenerateImageRequest(prompt=PROMPT, width=size, height=size, n=1, seed=seed,
                                                    knobs=knobs_to_proto(knobs))
         start = time.perf_counter()
@@ -351,7 +366,9 @@ def _engine_deltas(before: dict, after: dict) -> dict:
 
 
 def sweep(args: argparse.Namespace, stack: ServiceStack, watch: GpuMemoryWatch, raw: dict) -> None:
-    send = (GrpcClient(stack.ar_address, args.timeout_s) if args.via == "grpc" else RestClient(stack.url, args.timeout_s))
+    knobs = dict(args.knob)
+    send = (GrpcClient(stack.ar_address, args.timeout_s, knobs) if args.via == "grpc"
+            else RestClient(stack.url, args.timeout_s, knobs))
     next_seed = args.seed
     try:
         for size, steps in args.points:
@@ -407,6 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=1, help="uncounted requests per size before measuring")
     parser.add_argument("--seed", type=int, default=0, help="base seed; request k uses seed + k")
     parser.add_argument("--guidance", type=float, default=None, help="text_guidance_scale (default: the model's)")
+    parser.add_argument("--knob", type=parse_knob, action="append", default=[],
+                        help="KEY=VALUE (JSON value): a per-model knob sent with every request, also in process; "
+                             "repeatable (e.g. --knob ar_cfg_scale=1)")
     parser.add_argument("--via", choices=("rest", "grpc"), default="rest",
                         help="rest: the gateway's OpenAI API; grpc: ar_service's GenerateImage")
     parser.add_argument("--device", default="cuda")
@@ -482,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
         print("[harness] in-process baseline", flush=True)
         raw["inprocess"] = inprocess.run(model_dir, args.points, PROMPT, seed=args.seed, requests=args.inprocess_requests,
                                          warmup=min(1, args.warmup), device=args.device, random_weights=not args.tiny,
-                                         guidance=args.guidance, decoder=args.inprocess_decoder)
+                                         guidance=args.guidance, decoder=args.inprocess_decoder, knobs=dict(args.knob))
         raw["transport_overhead"] = transport_overhead(raw)
         if measured is not None:
             raw["bounds"] = bounds_report(raw, model_dir, measured)  # now with the in-process ratios too

@@ -2,7 +2,9 @@
 
 For each request: tokenize the T2I prompt, prefill and decode the visual-token grid (``generate_grid``, batch of
 one, with the shared system-prefix cache and the decode path ar_service uses by default: fixed slots with CUDA
-graphs on CUDA, the eager decoder on the CPU), hand the text and image conditions to the DiT
+graphs on CUDA, the eager decoder on the CPU; with AR guidance and the checkpoint's condition scope and visual
+range as ar_service applies them), prefill the negative prompt as ar_service does (the model's default one, when
+the DiT guides), hand the text and image conditions to the DiT
 pipeline (``start_entry``: device copy, refiner), run the Euler steps (``step``, both guidance branches packed,
 as dit_service runs a batch), VAE-decode and encode a PNG. The models are built the way the services build them
 (``load_ar`` and ``DiTPipeline.from_checkpoint``, random weights for the Preview skeleton), on one device.
@@ -28,7 +30,16 @@ from pathlib import Path
 
 import torch
 
-from ar_service.generation import build_prefix_cache, generate_grid, prompt_ids_for, system_prefix_ids
+from ar_service.generation import (
+    ROWS_PER_IMAGE,
+    DecodeChoices,
+    build_prefix_cache,
+    generate_grid,
+    negative_condition_for,
+    negative_prompt_ids,
+    prompt_ids_for,
+    system_prefix_ids,
+)
 from ar_service.model.loading import LoadedAR, load_ar
 from ar_service.prompt import grid_for_size
 from ar_service.sampling import SamplingParams
@@ -79,8 +90,8 @@ class InProcessPipeline:
     def use_decoder(self, mode: str, max_positions: int) -> None:
         """The AR decode path: ``auto`` as ar_service's ``--fast-decode auto`` (fixed slots with CUDA graphs on
         CUDA, the eager decoder on the CPU), ``fast`` or ``eager``. As many slots as ar_service's default
-        ``max_batch_size`` (a request decodes in the same step shapes as it does alone in the service), each sized
-        for ``max_positions``."""
+        ``max_batch_size`` gives it (a request decodes in the same step shapes as it does alone in the service), each
+        sized for ``max_positions``."""
         if mode == "eager" or (mode == "auto" and self.device.type != "cuda"):
             self.decoder, self.decoder_name = None, "eager"
             return
@@ -91,7 +102,7 @@ class InProcessPipeline:
         from ar_service.settings import ARSettings
 
         fields = ARSettings.model_fields
-        slots = fields["max_batch_size"].default
+        slots = ROWS_PER_IMAGE * fields["max_batch_size"].default
         kernels = resolve_decode_kernels(fields["decode_kernels"].default, self.device, slots, self.ar.model.dtype)
         static = StaticDecoder(self.ar.model, slots, max_positions, cuda_graphs=cuda, compile=cuda, kernels=kernels)
         self.decoder = SlotDecoder(static)
@@ -103,18 +114,22 @@ class InProcessPipeline:
         return max(len(prompt_ids_for(self.ar.tokenizer, prompt, grid_for_size(s, s, pixels)))
                    + grid_for_size(s, s, pixels).decode_tokens for s in sizes)
 
-    def knobs(self, steps: int, guidance: float | None = None) -> dict:
-        """The knobs a service request with only ``num_inference_steps`` (and maybe guidance) resolves to."""
+    def knobs(self, steps: int, guidance: float | None = None, extra: dict | None = None) -> dict:
+        """The knobs a service request with only ``num_inference_steps`` (and maybe guidance and ``extra`` knobs)
+        resolves to."""
         table = FAMILIES[self.checkpoint.family]
-        ar = table.resolve({}, self.ar.t2i.sampling_defaults,
-                           stages=("ar",))
         given = {"num_inference_steps": steps} | ({} if guidance is None else {"text_guidance_scale": guidance})
-        return {**ar, **table.resolve(given, {}, stages=("dit",))}
+        given |= extra or {}
+        ar = table.resolve({k: v for k, v in given.items() if k in table.names(("ar",))}, self.ar.t2i.sampling_defaults,
+                           stages=("ar",))
+        return {**ar, **table.resolve({k: v for k, v in given.items() if k in table.names(("dit",))}, {}, stages=("dit",))}
 
     @torch.inference_mode()
-    def generate(self, prompt: str, size: int, steps: int, seed: int, guidance: float | None = None) -> dict:
+    def generate(self, prompt: str, size: int, steps: int, seed: int, guidance: float | None = None,
+                 extra: dict | None = None) -> dict:
         """One image, start to PNG; returns the stage timings (ms) and the PNG's size."""
-        knobs = self.knobs(steps, guidance)
+        knobs = self.knobs(steps, guidance, extra)
+        choices = DecodeChoices.from_serving(self.ar.t2i, self.ar.config, self.ar.tokenizer, self.checkpoint.serving)
         model = self.ar.model
         started = time.perf_counter()
         grid = grid_for_size(size, size, self.checkpoint.serving.pixels_per_token)
@@ -124,11 +139,17 @@ class InProcessPipeline:
         static = getattr(self.decoder, "static", None)
         if static is not None:
             static.device_timing, static.device_ms = True, 0.0
-        result = generate_grid(model, prompt_ids, grid, self.ar.t2i, sampling, seed,
-                               prefix_ids=self.prefix_ids, prefix=self.prefix, **decoder)
+        uncond = torch.empty(0, model.config.hidden_size, dtype=model.dtype)
+        negative_ms = 0.0
+        if choices.default_negative_prompt.strip() and knobs["text_guidance_scale"] > 1.0:
+            uncond, negative_ms = negative_condition_for(
+                model, negative_prompt_ids(self.ar.tokenizer, choices.default_negative_prompt), self.prefix_ids, self.prefix
+            )
+        result = generate_grid(model, prompt_ids, grid, choices.t2i, sampling, seed,
+                               prefix_ids=self.prefix_ids, prefix=self.prefix, guidance=knobs["ar_cfg_scale"],
+                               condition_scope=choices.condition_scope, image_end_id=choices.image_end_id, **decoder)
         _sync(self.device)
         t_ar = time.perf_counter()
-        uncond = torch.empty(0, model.config.hidden_size, dtype=model.dtype)
         entry = self.dit.start_entry(
             text_condition=result.text_condition, image_condition=result.image_condition, uncond_condition=uncond,
             width=size, height=size, seed=seed, steps=knobs["num_inference_steps"],
@@ -145,7 +166,7 @@ class InProcessPipeline:
         png = encode_image(pixels, "png")
         t_end = time.perf_counter()
         return {
-            "ar_prefill_ms": result.prefill_ms,
+            "ar_prefill_ms": result.prefill_ms + negative_ms,
             "ar_decode_ms": result.decode_ms,
             # GPU time of the decode steps (upload + graph replay; CUDA only): against ar_decode_ms, the host's share
             "ar_decode_device_ms": static.device_ms if static is not None and static.device.type == "cuda" else None,
@@ -174,6 +195,7 @@ def run(
     random_weights: bool = False,
     guidance: float | None = None,
     decoder: str = "auto",
+    knobs: dict | None = None,
 ) -> dict:
     """``requests`` measured images per (size, steps) point at concurrency 1, after ``warmup`` unmeasured ones."""
     pipeline = InProcessPipeline.load(model_dir, device=device, random_weights=random_weights)
@@ -182,8 +204,8 @@ def run(
               "requests_per_point": requests, "points": []}
     for size, steps in points:
         for i in range(warmup):
-            pipeline.generate(prompt, size, steps, seed + 100_000 + i, guidance)
-        records = [pipeline.generate(prompt, size, steps, seed + i, guidance) for i in range(requests)]
+            pipeline.generate(prompt, size, steps, seed + 100_000 + i, guidance, knobs)
+        records = [pipeline.generate(prompt, size, steps, seed + i, guidance, knobs) for i in range(requests)]
         latencies = [r["total_ms"] / 1e3 for r in records]
         means = {key: statistics.fmean(r[key] for r in records) for key in (*STAGES, "ar_tokens", "transformer_calls")}
         means["ar_ms_per_token"] = statistics.fmean(r["ar_decode_ms"] / max(1, r["ar_tokens"]) for r in records)

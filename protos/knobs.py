@@ -135,7 +135,8 @@ class KnobTable:
 
 
 # MammothModa2. Sources: vllm-omni's MammothModa2 diffusion stage (text_guidance_scale 9.0,
-# cfg_range (0, 1), 50 steps) and the checkpoint's t2i_generation_config.json (AR sampling).
+# cfg_range (0, 1), 50 steps), the checkpoint's t2i_generation_config.json (AR sampling) and the released
+# generate_t2i (AR guidance, bytedance/mammothmoda qwen25vl modeling_mammothmoda2.py).
 MAMMOTHMODA2_KNOBS = KnobTable(
     knobs=(
         Knob("seed", "int", "request", "Seed of image 0; image i uses seed + i. Drawn when absent.",
@@ -156,6 +157,11 @@ MAMMOTHMODA2_KNOBS = KnobTable(
              minimum=1, maximum=1_000_000),
         Knob("top_p", "float", "ar", "AR nucleus sampling mass. Default: the checkpoint's.",
              minimum=0.0, maximum=1.0, exclusive_minimum=True),
+        Knob("ar_cfg_scale", "float", "ar",
+             "AR classifier-free guidance: each image decodes a second row that sees only the last 10 prompt tokens, "
+             "and every draw uses uncond + scale * (cond - uncond) before temperature, top-k and top-p; 1 turns it "
+             "off. Default: the checkpoint's t2i_generation_config.json cfg_scale, else 6.0 (the released code's).",
+             minimum=1.0, maximum=30.0),
     ),
     # OpenAI's quality values -> num_inference_steps ("auto" keeps the default above).
     quality_steps={"low": 16, "medium": 28, "standard": 28, "high": 50, "hd": 50},

@@ -28,19 +28,57 @@ WEIGHTS_INDEX = "model.safetensors.index.json"
 FAMILIES = ("mammothmoda2",)
 
 
+#: The negative prompt the released MammothModa2 README passes with every request (bytedance/mammothmoda qwen25vl
+#: ``mammothmoda2/model/processing_mammothmoda2.py`` lines 36-40, ``DEFAULT_NEGATIVE_PROMPT``; README line 94).
+RELEASED_NEGATIVE_PROMPT = (
+    "deformed, blurry, over saturation, bad anatomy, disfigured, poorly drawn face, mutation, mutated, "
+    "extra_limb, ugly, poorly drawn hands, fused fingers, messy drawing, broken legs censor, censored, "
+    "censor_bar Create an image from the instruction."
+)
+#: Accepted values of the behaviour settings below; the first of each is the default.
+SETTING_CHOICES = {
+    "condition_scope": ("all_generated", "answer_window"),
+    "visual_token_scope": ("exclusive_end", "start_plus_end"),
+    "cfg_range_policy": ("per_step", "off_after_first_exit"),
+}
+
+
 @dataclass(frozen=True)
 class ServingDefaults:
-    """What ardit needs to serve a checkpoint that the checkpoint itself does not say.
+    """What ardit needs to serve a checkpoint that the checkpoint itself does not say (``ardit_serving.json``).
 
     pixels_per_token: image pixels per visual token along each side. vllm-omni's MammothModa2 stage
     uses 16 (1024x1024 -> a 64x64 grid); the upstream README speaks of 32x32 grids at 1024x1024
     (32 pixels per token). ardit follows vllm-omni by default; set 32 here to follow the README.
+
+    The rest choose between the released MammothModa2 inference code and ardit's defaults where they differ
+    (docs/models/mammothmoda2.md, "Where ardit and the references differ"):
+
+    - default_negative_prompt: the DiT's unconditional branch when a request gives no ``negative_prompt``; the
+      released README's text by default; "" makes it the empty condition (vllm-omni).
+    - condition_scope: which generated rows become the DiT's image condition. ``all_generated`` (default for the
+      mammothmoda2 family: vllm-omni and the later Dev release keep every row, and Preview's 128-query Q-Former
+      refiner exists to compress a long condition); ``answer_window``: the released Preview code's ~10 rows.
+    - visual_token_scope: ``exclusive_end`` samples visual ids in [start, end) (vllm-omni; the unmerged upstream fix);
+      ``start_plus_end``: the released code's [start, start + end), i.e. up to the end of the vocabulary.
+    - cfg_range_policy: ``per_step`` decides DiT guidance at each step (vllm-omni; the unmerged upstream fix);
+      ``off_after_first_exit``: the released code, where the first step outside cfg_range turns guidance off for
+      good (a range that starts above 0 never guides).
     """
 
     default_width: int = 1024
     default_height: int = 1024
     max_side: int = 2048
     pixels_per_token: int = 16
+    default_negative_prompt: str = RELEASED_NEGATIVE_PROMPT
+    condition_scope: str = SETTING_CHOICES["condition_scope"][0]
+    visual_token_scope: str = SETTING_CHOICES["visual_token_scope"][0]
+    cfg_range_policy: str = SETTING_CHOICES["cfg_range_policy"][0]
+
+    def __post_init__(self) -> None:
+        for name, choices in SETTING_CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {', '.join(choices)}; got {getattr(self, name)!r}")
 
 
 @dataclass(frozen=True)
@@ -118,7 +156,15 @@ def _read_serving(root: Path) -> ServingDefaults:
     unknown = set(data) - known
     if unknown:
         raise ValueError(f"{path}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
-    return ServingDefaults(**{key: int(value) for key, value in data.items()})
+    kinds = {f.name: type(getattr(ServingDefaults(), f.name)) for f in fields(ServingDefaults)}
+    wrong = [key for key, value in data.items() if not isinstance(value, kinds[key]) or isinstance(value, bool)]
+    if wrong:
+        names = {int: "an integer", str: "a string"}
+        raise ValueError(f"{path}: {', '.join(f'{k} must be {names[kinds[k]]}' for k in sorted(wrong))}")
+    try:
+        return ServingDefaults(**data)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
 
 
 def _weight_map(root: Path) -> dict[str, str]:

@@ -274,8 +274,8 @@ class StaticDecoder:
         shape = (layers, slots, kv_heads, max_positions, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        # The step's inputs, uploaded with one copy per dtype: columns of [slots, 7] int64 (id, position, then
-        # sample_rows' lo, hi, top_k, seed, step) and [slots, 2] float32 (temperature, top_p).
+        # The step's inputs, uploaded with one copy per dtype: columns of [slots, 8] int64 (id, position, then
+        # sample_rows' lo, hi, top_k, seed, step, partner) and [slots, 3] float32 (temperature, top_p, guidance).
         self._long = torch.tensor([self._free_row] * slots, dtype=torch.long, device=device)
         self._float = torch.tensor([self._free_floats] * slots, dtype=torch.float32, device=device)
         self.ids, self.positions = self._long[:, 0], self._long[:, 1]
@@ -420,15 +420,18 @@ class StaticDecoder:
         """Uploads the inputs and runs (or enqueues, on CUDA) the step; its outputs are in ``self._outputs``."""
         if not (len(slots) == len(ids) == len(positions) == len(draws)) or not slots:
             raise ValueError("step needs one id, one position and one draw per slot")
+        if any(len(draw) > 4 and draw[4] > 1 and draw[5] not in slots for draw in draws):
+            raise ValueError("a guided row's unconditional slot must step with it")
         self._check(ids, positions)
         bucket, rows = self.shape_for(slots, positions)
         # Free rows compute at the last position, which no real stream reaches (max_positions is one past the
         # longest prompt + grid), so their K/V writes never land on a real stream's positions; they draw a
-        # forced id.
+        # forced id, unguided (their partner column, row 0, is read and ignored). A guided row's partner is the
+        # slot of its unconditional row, which the caller lists in the same step.
         long_rows = [self._free_row] * rows
         float_rows = [self._free_floats] * rows
         for slot, token, position, draw in zip(slots, ids, positions, draws, strict=True):
-            ints, float_rows[slot] = draw_columns(draw)
+            ints, float_rows[slot] = draw_columns(draw, slot)
             long_rows[slot] = [token, position, *ints]
         timed = self.device_timing and self.device.type == "cuda"
         if timed:

@@ -17,16 +17,23 @@ GenerationConfig defaults for the absent ones) so no transformers version drift 
 - ``generate_t2i`` on the qwen25vl branch computed ``scope_end = scope_start + visual_token_end_id`` (320528, past
   the vocabulary, so the scope silently reached every id >= 152072); upstream's ``tests/test_visual_token_scope.py``
   pins the fix, ``scope_end == visual_token_end_id`` (168456). ardit follows the fix and vllm-omni:
-  visual ids are ``[visual_token_start_id, visual_token_end_id)``.
+  visual ids are ``[visual_token_start_id, visual_token_end_id)``; ``with_released_scope`` gives the released range
+  for those who need bit-parity with that code (``ServingDefaults.visual_token_scope``).
+
+AR guidance: the released ``generate_t2i`` takes ``cfg_scale`` as an argument (default 6.0; its README passes 7.0),
+not from this file. ardit reads an optional ``cfg_scale`` key here as the ``ar_cfg_scale`` knob's default, and uses
+the released 6.0 when the file has none.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 T2I_CONFIG_NAME = "t2i_generation_config.json"
+#: ``generate_t2i(cfg_scale=6.0)``: bytedance/mammothmoda qwen25vl ``mammothmoda2/model/modeling_mammothmoda2.py`` line 247.
+RELEASED_AR_CFG_SCALE = 6.0
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,7 @@ class T2IGenerationConfig:
     top_p: float = 1.0
     do_sample: bool = False  # GenerationConfig default; upstream takes the argmax when it is false
     repetition_penalty: float = 1.0
+    cfg_scale: float | None = None  # AR guidance; None: absent from the file (RELEASED_AR_CFG_SCALE applies)
 
     def __post_init__(self) -> None:
         if self.visual_token_start_id >= self.visual_token_end_id:
@@ -62,8 +70,17 @@ class T2IGenerationConfig:
 
     @property
     def sampling_defaults(self) -> dict[str, float | int]:
-        """Defaults of the AR's sampling knobs (temperature, top_k, top_p) from this file."""
-        return {"temperature": self.default_temperature, "top_k": self.top_k, "top_p": self.top_p}
+        """Defaults of the AR's knobs (temperature, top_k, top_p, ar_cfg_scale) from this file."""
+        guidance = RELEASED_AR_CFG_SCALE if self.cfg_scale is None else self.cfg_scale
+        return {"temperature": self.default_temperature, "top_k": self.top_k, "top_p": self.top_p,
+                "ar_cfg_scale": guidance}
+
+    def with_released_scope(self, vocab_end: int) -> T2IGenerationConfig:
+        """This config with the visual range the released qwen25vl ``generate_t2i`` samples from
+        (``modeling_mammothmoda2.py`` line 252: ``scope_end = scope_start + visual_token_end_id``), cut at the end of
+        the vocabulary (``vocab_end``, exclusive): for Preview every id from 152072 on."""
+        end = min(self.visual_token_start_id + self.visual_token_end_id, vocab_end)
+        return replace(self, visual_token_end_id=end)
 
     @classmethod
     def from_dict(cls, data: dict) -> T2IGenerationConfig:
@@ -84,6 +101,7 @@ class T2IGenerationConfig:
             top_p=pick("top_p", float, 1.0),
             do_sample=pick("do_sample", bool, False),
             repetition_penalty=pick("repetition_penalty", float, 1.0),
+            cfg_scale=pick("cfg_scale", float, None),
         )
 
     @classmethod
@@ -97,8 +115,8 @@ class T2IGenerationConfig:
             raise ValueError(f"{path}: {exc}") from exc
 
     def to_dict(self) -> dict:
-        """The file as upstream writes it (GenerationConfig keys plus the three token ids)."""
-        return {
+        """The file as upstream writes it (GenerationConfig keys plus the three token ids; ``cfg_scale`` when set)."""
+        return ({} if self.cfg_scale is None else {"cfg_scale": self.cfg_scale}) | {
             "do_sample": self.do_sample,
             "eol_token_id": self.eol_token_id,
             "repetition_penalty": self.repetition_penalty,

@@ -23,7 +23,15 @@ from diffusers import AutoencoderKL
 
 from dit_service.model.cuda_graphs import GraphedTransformer
 from dit_service.model.refiner import ImageConditionRefiner
-from dit_service.model.sampler import CFG_MODES, DenoiseEntry, DenoiseResult, denoise, start_entry, step_entries
+from dit_service.model.sampler import (
+    CFG_MODES,
+    CFG_RANGE_POLICIES,
+    DenoiseEntry,
+    DenoiseResult,
+    denoise,
+    start_entry,
+    step_entries,
+)
 from dit_service.model.transformer import MammothDiT
 from dit_service.model.weights import load_strict, materialize, random_init_
 
@@ -72,13 +80,19 @@ class DiTPipeline:
         condition_mode: str,
         device,
         dtype: torch.dtype,
+        cfg_range_policy: str = "per_step",
     ):
+        """``cfg_range_policy``: how cfg_range switches guidance (``sampler.uses_cfg``); a checkpoint's
+        ``ardit_serving.json`` setting (servicekit ServingDefaults)."""
         if condition_mode not in CONDITION_MODES:
             raise ValueError(f"gen_condition_mode must be one of {', '.join(CONDITION_MODES)}; got {condition_mode!r}")
         self.transformer = transformer.eval().requires_grad_(False)
         self.vae = vae.eval().requires_grad_(False)
         self.refiner = None if refiner is None else refiner.eval().requires_grad_(False)
         self.condition_mode = condition_mode
+        if cfg_range_policy not in CFG_RANGE_POLICIES:
+            raise ValueError(f"cfg_range_policy must be one of {', '.join(CFG_RANGE_POLICIES)}; got {cfg_range_policy!r}")
+        self.cfg_range_policy = cfg_range_policy
         self.device = torch.device(device)
         self.dtype = dtype
         # CUDA: a CFG pair (or a step batch) runs its joint layers on the valid rows only, packed back to back.
@@ -105,10 +119,12 @@ class DiTPipeline:
 
         ``random_weights=True`` reads no tensors: every module is allocated straight on ``device`` in ``dtype`` and
         randomly initialised there (the Preview-shaped benchmark mode)."""
-        return cls.from_config(
+        pipeline = cls.from_config(
             checkpoint.config, device, dtype, random_weights=random_weights, seed=seed,
             load=None if random_weights else checkpoint.load_tensors,
         )
+        pipeline.cfg_range_policy = checkpoint.serving.cfg_range_policy
+        return pipeline
 
     @classmethod
     def from_config(cls, config: dict, device="cpu", dtype=torch.float32, random_weights=False, seed=0, load=None):
@@ -215,6 +231,7 @@ class DiTPipeline:
             should_stop=should_stop,
             device=self.device,
             dtype=self.dtype,
+            cfg_range_policy=self.cfg_range_policy,
         )
 
     def start_entry(
@@ -237,7 +254,7 @@ class DiTPipeline:
         condition = self.assemble_condition(text_condition, image_condition)
         return start_entry(
             condition, uncond_condition, self.latent_shape(width, height), seed, steps, guidance, tuple(cfg_range),
-            device=self.device, dtype=self.dtype,
+            device=self.device, dtype=self.dtype, cfg_range_policy=self.cfg_range_policy,
         )
 
     def step(self, entries: list[DenoiseEntry], separate: bool = False) -> int:

@@ -12,7 +12,10 @@ and ``pipeline_mammothmoda2_dit.py``:
   (H/8) * (W/8)): m = 3.2 at 1024x1024. The last step ends at t = 1.
 - Euler: x <- x + (t_{i+1} - t_i) * v, in float32.
 - CFG: pred = uncond + g * (cond - uncond), only when g > 1 and cfg_range[0] <= i/N <= cfg_range[1]; outside the
-  range only the conditional branch runs (tests/test_cfg_range.py upstream: N=4, range (0.5, 1) -> 6 calls).
+  range only the conditional branch runs (tests/test_cfg_range.py upstream: N=4, range (0.5, 1) -> 6 calls). That
+  per-step rule is vllm-omni's and an unmerged upstream fix's (``cfg_range_policy`` "per_step", the default); the
+  released qwen25vl ``t2i_utils.py`` lines 218-219 overwrite the scale in place, so the first step outside the range
+  turns guidance off for good ("off_after_first_exit").
 
 ``gen_transport_config`` only parameterises the training transport upstream (it is passed to create_transport,
 which inference never uses), so nothing here reads it.
@@ -39,6 +42,7 @@ import torch
 SHIFT_DIVISOR = 40.0
 NUM_TRAIN_TIMESTEPS = 1000  # the reference scheduler's default; only its training grid uses it
 CFG_MODES = ("sequential", "packed")
+CFG_RANGE_POLICIES = ("per_step", "off_after_first_exit")
 
 
 class DenoiseCancelled(Exception):
@@ -71,8 +75,14 @@ def timesteps(steps: int, latent_h: int, latent_w: int, dynamic_time_shift: bool
     return torch.from_numpy(np.append(t, 1.0).astype(np.float32))
 
 
-def uses_cfg(step: int, steps: int, guidance: float, cfg_range: tuple[float, float]) -> bool:
-    """True when step i (0-based) of N runs both branches: g > 1 and cfg_range[0] <= i/N <= cfg_range[1]."""
+def uses_cfg(step: int, steps: int, guidance: float, cfg_range: tuple[float, float], policy: str = "per_step") -> bool:
+    """True when step i (0-based) of N runs both branches: g > 1 and cfg_range[0] <= i/N <= cfg_range[1] ("per_step");
+    under "off_after_first_exit" also every earlier step was inside the range. Steps run in order from i/N = 0, so an
+    earlier step was outside exactly when cfg_range[0] > 0 (step 0 is) or i/N > cfg_range[1]."""
+    if policy == "off_after_first_exit":
+        return guidance > 1.0 and cfg_range[0] <= 0.0 and step / steps <= cfg_range[1]
+    if policy != "per_step":
+        raise ValueError(f"cfg_range policy must be one of {', '.join(CFG_RANGE_POLICIES)}; got {policy!r}")
     return guidance > 1.0 and cfg_range[0] <= step / steps <= cfg_range[1]
 
 
@@ -108,6 +118,7 @@ class DenoiseEntry:
     steps: int
     guidance: float
     cfg_range: tuple[float, float]
+    cfg_range_policy: str = "per_step"
     step: int = 0
     rows: int = 0  # transformer evaluations of this image (2 per step inside cfg_range, else 1)
 
@@ -120,7 +131,7 @@ class DenoiseEntry:
         return tuple(self.latents.shape[1:])
 
     def wants_cfg(self) -> bool:
-        return uses_cfg(self.step, self.steps, self.guidance, self.cfg_range)
+        return uses_cfg(self.step, self.steps, self.guidance, self.cfg_range, self.cfg_range_policy)
 
     def release(self) -> None:
         """Drops the tensors (a cancelled entry frees its memory at once, even if something still holds it)."""
@@ -139,8 +150,11 @@ def start_entry(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     dynamic_time_shift: bool = True,
+    cfg_range_policy: str = "per_step",
 ) -> DenoiseEntry:
     """Seeded initial noise and this image's own schedule."""
+    if cfg_range_policy not in CFG_RANGE_POLICIES:
+        raise ValueError(f"cfg_range_policy must be one of {', '.join(CFG_RANGE_POLICIES)}; got {cfg_range_policy!r}")
     _, latent_h, latent_w = latent_shape
     return DenoiseEntry(
         cond=condition.to(device=device, dtype=dtype),
@@ -150,6 +164,7 @@ def start_entry(
         steps=steps,
         guidance=float(guidance),
         cfg_range=(float(cfg_range[0]), float(cfg_range[1])),
+        cfg_range_policy=cfg_range_policy,
     )
 
 
@@ -220,12 +235,14 @@ def denoise(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     dynamic_time_shift: bool = True,
+    cfg_range_policy: str = "per_step",
 ) -> DenoiseResult:
     """N Euler steps from seeded noise; condition [L, C] and uncond_condition [Lu, C] (either may have 0 rows)."""
     if cfg_mode not in CFG_MODES:
         raise ValueError(f"cfg_mode must be one of {', '.join(CFG_MODES)}; got {cfg_mode!r}")
     entry = start_entry(
-        condition, uncond_condition, latent_shape, seed, steps, guidance, cfg_range, device, dtype, dynamic_time_shift
+        condition, uncond_condition, latent_shape, seed, steps, guidance, cfg_range, device, dtype, dynamic_time_shift,
+        cfg_range_policy,
     )
     calls = 0
     while not entry.done:

@@ -212,6 +212,30 @@ def test_triton_step_is_batch_invariant_to_the_bit(setup, few_splits, fold_norms
     assert static.free_slots == 4
 
 
+def test_triton_step_decodes_a_guided_grid_as_the_eager_decoder_does(setup, few_splits):
+    """AR guidance on the triton kernels: a guided image (its unconditional row in a slot of its own) beside an
+    unguided one draws the eager decoder's tokens, and both slots of each come back."""
+    tiny_ar, sampling, prefix = setup
+    static = StaticDecoder(tiny_ar.model, slots=4, max_positions=300, kernels="triton")
+    decoder = SlotDecoder(static)
+    grid = grid_for_size(32, 32, 16)
+
+    def stream(prompt, seed, guidance, reserve):
+        ids = prompt_ids_for(tiny_ar.tokenizer, prompt, grid)
+        return DecodeStream(tiny_ar.model, ids, grid, tiny_ar.t2i, sampling, seed, prefix=prefix, reserve=reserve,
+                            guidance=guidance)
+
+    expected = [generate_grid(tiny_ar.model, prompt_ids_for(tiny_ar.tokenizer, p, grid), grid, tiny_ar.t2i, sampling,
+                              seed, prefix=prefix, guidance=g, pad_to=4).token_ids
+                for p, seed, g in (("a cat", 5, 7.0), ("a dog", 6, 1.0))]
+    streams = [stream("a cat", 5, 7.0, False), stream("a dog", 6, 1.0, False)]
+    for s in streams:
+        decoder.admit(s)
+    decode_together(decoder, streams)
+    assert [s.tokens for s in streams] == expected
+    assert static.free_slots == 4
+
+
 def test_triton_kernels_are_chosen_where_they_can_run(monkeypatch):
     """auto: torch off CUDA, with more slots than one launch holds, or when the probe launch fails; an explicit
     choice is kept."""

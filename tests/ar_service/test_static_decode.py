@@ -12,6 +12,7 @@ import torch
 
 from ar_service import events
 from ar_service.generation import (
+    ROWS_PER_IMAGE,
     DecodeStream,
     EagerDecoder,
     SlotDecoder,
@@ -116,8 +117,8 @@ def test_engine_with_fast_decode_gives_the_eager_engine_tokens_and_frees_slots(t
             while engine.status().running and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert engine.status().running == 0
-            if fast:
-                assert engine.decoder.static.free_slots == 4
+            if fast:  # two slots per image (a guided image's unconditional row takes the second)
+                assert engine.decoder.static.free_slots == ROWS_PER_IMAGE * 4
         finally:
             engine.close()
     assert results[True] == results[False]

@@ -236,3 +236,30 @@ def test_each_model_service_gets_only_its_own_environment(tmp_path):
     assert "A" not in stack.environment("gateway") and "A" not in stack.environment("dit_service")
     with pytest.raises(SystemExit):
         harness.build_parser().parse_args(["--out", "x", "--env-dit", "NO_VALUE"])
+
+
+def test_knobs_given_on_the_command_line_keep_their_json_types():
+    args = harness.build_parser().parse_args(["--out", "x", "--knob", "ar_cfg_scale=1", "--knob", "cfg_range=[0, 0.5]",
+                                              "--knob", "cfg_execution_mode=packed"])
+    assert dict(args.knob) == {"ar_cfg_scale": 1, "cfg_range": [0, 0.5], "cfg_execution_mode": "packed"}
+    with pytest.raises(SystemExit):
+        harness.build_parser().parse_args(["--out", "x", "--knob", "no-equals-sign"])
+
+
+def test_the_guidance_comparison_sets_each_scale_against_the_unguided_run():
+    from bench.ar_guidance import compare, markdown
+
+    def run(size, c, scale, decode_ms, latency):
+        return {"size": size, "steps": 20, "concurrency": c, "ar_cfg_scale": scale, "failed": 0,
+                "latency_s": {"mean": latency}, "throughput_images_per_s": c / latency,
+                "stages_ms": {"ar_decode_ms": decode_ms, "ar_ms_per_token": decode_ms / 1057, "ar_prefill_ms": 20.0,
+                              "denoise_ms": 600.0, "total_ms": latency * 1e3}}
+
+    runs = [run(512, 1, 1.0, 4200.0, 5.0), run(512, 4, 1.0, 5600.0, 6.5), run(512, 1, 6.0, 4620.0, 5.4),
+            run(512, 4, 6.0, 6720.0, 7.8)]
+    rows = compare(runs)
+    assert [(r["concurrency"], r["base_scale"], r["scale"]) for r in rows] == [(1, 1.0, 6.0), (4, 1.0, 6.0)]
+    assert rows[0]["ar_decode_ratio"] == pytest.approx(1.1) and rows[1]["latency_ratio"] == pytest.approx(1.2)
+    text = markdown({"command": "c", "date": "d", "machine": {"gpu": "H200"}, "model": "preview-random",
+                     "startup_s": 30.0, "runs": runs, "comparison": rows})
+    assert "| 512/20 | 4 | 1 -> 6 | 5.60 -> 6.72 |" in text

@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 
+from dit_service.model.pipeline import DiTPipeline
 from dit_service.model.sampler import DenoiseCancelled, denoise, resolution_shift, timesteps, uses_cfg
 
 
@@ -45,6 +46,49 @@ def test_cfg_range_boundaries_are_inclusive():
     assert [uses_cfg(i, 4, 4.0, (0.25, 0.5)) for i in range(4)] == [False, True, True, False]
     assert [uses_cfg(i, 4, 4.0, (0.0, 0.0)) for i in range(4)] == [True, False, False, False]
     assert not any(uses_cfg(i, 4, 1.0, (0.0, 1.0)) for i in range(4))
+
+
+@pytest.mark.parametrize(
+    ("cfg_range", "per_step", "released"),
+    [
+        ((0.0, 1.0), 8, 8),
+        ((0.0, 0.5), 7, 7),  # from 0: the same either way
+        ((0.25, 0.5), 6, 4),  # step 0 lies outside: the released code never guides again
+        ((0.5, 1.0), 6, 4),
+        ((1.0, 1.0), 4, 4),
+    ],
+)
+def test_cfg_range_policy_call_counts(pipeline, text, empty, cfg_range, per_step, released):
+    """``per_step`` (vllm-omni, the unmerged upstream fix) decides each step; ``off_after_first_exit`` (released
+    qwen25vl ``t2i_utils.py`` lines 218-219, the scale overwritten in place) stops guiding for good at the first step
+    outside the range."""
+    for policy, calls in (("per_step", per_step), ("off_after_first_exit", released)):
+        result, counter = _run(pipeline, text, empty, cfg_range=cfg_range, cfg_range_policy=policy)
+        assert counter.calls == calls == result.transformer_calls, policy
+
+
+def test_the_released_cfg_range_policy_step_by_step():
+    released = [uses_cfg(i, 4, 4.0, (0.0, 0.5), "off_after_first_exit") for i in range(4)]
+    assert released == [uses_cfg(i, 4, 4.0, (0.0, 0.5)) for i in range(4)] == [True, True, True, False]
+    assert not any(uses_cfg(i, 4, 4.0, (0.25, 1.0), "off_after_first_exit") for i in range(4))
+    assert not any(uses_cfg(i, 4, 1.0, (0.0, 1.0), "off_after_first_exit") for i in range(4))
+    with pytest.raises(ValueError, match="per_step, off_after_first_exit"):
+        uses_cfg(0, 4, 4.0, (0.0, 1.0), "sometimes")
+
+
+def test_the_pipeline_takes_the_policy_from_the_checkpoints_serving_settings(tiny_root, tmp_path):
+    import shutil
+
+    from servicekit.checkpoint import ServingDefaults, open_checkpoint, write_serving_defaults
+
+    assert DiTPipeline.from_checkpoint(open_checkpoint(tiny_root)).cfg_range_policy == "per_step"
+    root = tmp_path / "released"
+    shutil.copytree(tiny_root, root)
+    write_serving_defaults(root, ServingDefaults(cfg_range_policy="off_after_first_exit"))
+    pipeline = DiTPipeline.from_checkpoint(open_checkpoint(root))
+    entry = pipeline.start_entry(torch.zeros(3, 64), torch.zeros(0, 64), torch.zeros(0, 64), 64, 64, 0, 4, 4.0,
+                                 (0.25, 1.0))
+    assert entry.cfg_range_policy == "off_after_first_exit" and not entry.wants_cfg()
 
 
 def test_packed_calls_once_per_step(pipeline, text, empty):

@@ -1,0 +1,50 @@
+"""ardit_serving.json: the checkpoint's serving settings, the released-behaviour switches among them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from servicekit.checkpoint import (
+    RELEASED_NEGATIVE_PROMPT,
+    SERVING_FILE,
+    ServingDefaults,
+    open_checkpoint,
+    write_serving_defaults,
+)
+
+
+@pytest.fixture
+def root(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mammothmoda2"}))
+    return tmp_path
+
+
+def test_defaults_follow_ardit_and_the_released_negative_prompt(root):
+    serving = open_checkpoint(root, require_weights=False).serving
+    assert serving == ServingDefaults()
+    assert (serving.condition_scope, serving.visual_token_scope, serving.cfg_range_policy) == (
+        "all_generated", "exclusive_end", "per_step")
+    assert serving.default_negative_prompt == RELEASED_NEGATIVE_PROMPT
+    assert RELEASED_NEGATIVE_PROMPT.startswith("deformed, blurry") and RELEASED_NEGATIVE_PROMPT.endswith("instruction.")
+
+
+def test_the_released_behaviour_is_a_setting_away(root):
+    released = ServingDefaults(default_negative_prompt="", condition_scope="answer_window",
+                               visual_token_scope="start_plus_end", cfg_range_policy="off_after_first_exit")
+    write_serving_defaults(root, released)
+    assert open_checkpoint(root, require_weights=False).serving == released
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"condition_scope": "some"}, "condition_scope must be one of all_generated, answer_window; got 'some'"),
+    ({"cfg_range_policy": "latched"}, "cfg_range_policy must be one of per_step, off_after_first_exit"),
+    ({"default_negative_prompt": None}, "default_negative_prompt must be a string"),
+    ({"pixels_per_token": "16"}, "pixels_per_token must be an integer"),
+    ({"negative": "x"}, "unknown keys"),
+])
+def test_a_bad_setting_is_refused_naming_it(root, data, message):
+    (root / SERVING_FILE).write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=message):
+        open_checkpoint(root, require_weights=False)
