@@ -20,7 +20,8 @@ from openai import OpenAI
 from openai.types import ImageGenCompletedEvent, ImageGenPartialImageEvent
 from PIL import Image
 
-from protos import ar_pb2_grpc, common_pb2, dit_pb2_grpc
+from protos import ar_pb2, ar_pb2_grpc, common_pb2, dit_pb2_grpc
+from protos.values import knobs_to_proto
 from tools.local_stack import LocalStack
 
 URL = "/v1/images/generations"
@@ -150,6 +151,33 @@ def test_the_stream_opens_with_the_plan_reports_every_row_and_step_and_ends_with
             shown = [p for k, n, p in blocks[:position] if n == "ardit.progress" and p["image_index"] == payload["image_index"]]
             assert shown[-1] == {"image_index": payload["image_index"], "stage": "denoise", "step": payload["step"],
                                  "total": STEPS}
+
+
+# -- the gRPC contract under it -----------------------------------------------------------------------------------
+
+
+def test_stream_image_starts_with_the_plan_and_sends_previews_before_the_image(stack):
+    request = ar_pb2.GenerateImageRequest(prompt="a boat", seed=5, partial_images=2,
+                                          knobs=knobs_to_proto({"num_inference_steps": 6}))
+    with grpc.insecure_channel(stack.ar_address) as channel:
+        events = list(ar_pb2_grpc.ImageGeneratorStub(channel).StreamImage(request, timeout=120))
+    kinds = [event.WhichOneof("event") for event in events]
+    assert kinds[0] == "started" and kinds.count("started") == 1
+    started = events[0].started
+    assert (started.width, started.height, started.n, started.seed) == (256, 256, 1, 5)  # size 0: the model's default
+    assert started.grid_rows == 16 and started.image_tokens == 16 * 17 + 1 and started.prompt_tokens > 0
+    previews = [event.preview for event in events if event.WhichOneof("event") == "preview"]
+    assert [(p.partial_index, p.step, p.total) for p in previews] == [(0, 2, 6), (1, 4, 6)]
+    assert kinds.index("image") > kinds.index("preview") and kinds[-1] == "completed"
+    assert all(Image.open(io.BytesIO(p.data)).size == (256, 256) for p in previews)
+
+
+def test_stream_image_refuses_more_than_three_partial_images_naming_them(stack):
+    request = ar_pb2.GenerateImageRequest(prompt="a boat", partial_images=4)
+    with grpc.insecure_channel(stack.ar_address) as channel, pytest.raises(grpc.RpcError) as caught:
+        list(ar_pb2_grpc.ImageGeneratorStub(channel).StreamImage(request, timeout=60))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert dict(caught.value.trailing_metadata())["ardit-error-param"] == "partial_images"
 
 
 # -- disconnects -------------------------------------------------------------------------------------------------
