@@ -53,6 +53,7 @@ from ar_service.prompt import Grid, grid_for_size
 from ar_service.render_client import RenderHeader, RenderSession
 from ar_service.sampling import SamplingParams
 from protos.knobs import KnobTable
+from protos.previews import MAX_PARTIAL_IMAGES
 from protos.status import RequestRejected
 from servicekit import tracing
 from servicekit.checkpoint import PipelineCheckpoint
@@ -90,6 +91,7 @@ class ImagePlan:
     knobs: dict[str, Any]  # every knob the request runs with, defaults filled in
     text_positions: int
     image_positions: int
+    partial_images: int = 0  # previews per image the renderer sends (StreamImage)
 
 
 @dataclass
@@ -147,7 +149,7 @@ class Job:
             if sent is not None:
                 self.add_timings(condition_transfer_ms=(time.perf_counter() - sent) * 1e3)
         elif isinstance(event, events.RenderDone):
-            wanted = ("dit_queue_ms", "denoise_ms", "vae_decode_ms", "encode_ms", "transformer_calls")
+            wanted = ("dit_queue_ms", "denoise_ms", "vae_decode_ms", "encode_ms", "preview_ms", "transformer_calls")
             self.add_timings(**{key: event.timings.get(key, 0) for key in wanted})
             with self._lock:
                 self._renders_done += 1
@@ -366,6 +368,7 @@ class AREngine:
         output_compression: int | None = None,
         quality: str = "",
         knobs: dict[str, Any] | None = None,
+        partial_images: int = 0,
     ) -> ImagePlan:
         """Checks a request against the model; raises RequestRejected naming the parameter at fault."""
         if model and model != self.model_id:
@@ -388,6 +391,10 @@ class AREngine:
                 raise RequestRejected("'output_compression' must be between 0 and 100", param="output_compression")
         if quality not in QUALITIES:
             raise RequestRejected(f"'quality' must be one of {', '.join(q for q in QUALITIES if q)}", param="quality")
+        if not 0 <= partial_images <= MAX_PARTIAL_IMAGES:
+            raise RequestRejected(
+                f"'partial_images' must be between 0 and {MAX_PARTIAL_IMAGES}; got {partial_images}", param="partial_images"
+            )
 
         given = self.knob_table.validate(knobs or {})
         if "seed" in given:
@@ -437,6 +444,7 @@ class AREngine:
             knobs={**ar_knobs, **dit_knobs},
             text_positions=text_positions,
             image_positions=image_condition_positions(prompt_ids, grid, scope, config),
+            partial_images=partial_images,
         )
 
     def _check_size(self, width: int, height: int) -> tuple[int, int]:
@@ -689,6 +697,7 @@ class AREngine:
                 text_positions=plan.text_positions,
                 image_positions=plan.image_positions,
                 negative_positions=0 if job.negative is None else job.negative.shape[0],
+                partial_images=plan.partial_images,
             )
             with tracing.use(job.trace):  # the render's span and its traceparent hang under the request's
                 session = self.renderer.open(header, job.on_render_event, timeout=job.remaining())

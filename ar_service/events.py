@@ -27,6 +27,20 @@ class FinishedImage:
 
 
 @dataclass(frozen=True)
+class PreviewImage:
+    """A partial image of image ``index`` from the renderer, after ``step`` of ``total`` denoising steps."""
+
+    index: int
+    partial_index: int
+    step: int
+    total: int
+    format: str
+    data: bytes
+    width: int
+    height: int
+
+
+@dataclass(frozen=True)
 class TokenRow:
     index: int
     seed: int

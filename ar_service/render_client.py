@@ -45,6 +45,7 @@ class RenderHeader:
     text_positions: int
     image_positions: int
     negative_positions: int
+    partial_images: int = 0
 
     def to_proto(self) -> dit_pb2.RenderHeader:
         header = dit_pb2.RenderHeader(
@@ -61,6 +62,7 @@ class RenderHeader:
             image_positions=self.image_positions,
             negative_positions=self.negative_positions,
             index_offset=self.index,
+            partial_images=self.partial_images,
         )
         if self.output_compression is not None:
             header.output_compression = self.output_compression
@@ -133,6 +135,11 @@ class RenderSession:
             image = event.image
             return events.FinishedImage(
                 image.index, image.seed, format_name(image.format), image.data, image.width, image.height
+            )
+        if kind == "preview":
+            p = event.preview
+            return events.PreviewImage(
+                p.index, p.partial_index, p.step, p.total, format_name(p.format), p.data, p.width, p.height
             )
         if kind == "completed":
             timings = {f.name: getattr(event.completed.timings, f.name) for f in common_pb2.StageTimings.DESCRIPTOR.fields}

@@ -51,6 +51,36 @@ def _image_message(image: events.FinishedImage) -> common_pb2.GeneratedImage:
     )
 
 
+def _preview_message(preview: events.PreviewImage) -> common_pb2.PreviewImage:
+    return common_pb2.PreviewImage(
+        index=preview.index,
+        partial_index=preview.partial_index,
+        step=preview.step,
+        total=preview.total,
+        format=format_enum(preview.format),
+        data=preview.data,
+        width=preview.width,
+        height=preview.height,
+    )
+
+
+def _started(plan: ImagePlan) -> ar_pb2.StreamStarted:
+    """What the request will run with, before any work: StreamImage's first event."""
+    negative = len(plan.negative_ids) if plan.negative_ids is not None else 0
+    return ar_pb2.StreamStarted(
+        request_id=plan.request_id,
+        model=plan.model,
+        seed=plan.seed,
+        width=plan.width,
+        height=plan.height,
+        n=plan.n,
+        knobs=knobs_to_proto(plan.knobs),
+        prompt_tokens=len(plan.prompt_ids) + negative,
+        image_tokens=plan.grid.decode_tokens,
+        grid_rows=plan.grid.height,
+    )
+
+
 def _summary(plan: ImagePlan, done: events.JobDone) -> ar_pb2.GenerateImageResponse:
     timings = common_pb2.StageTimings(
         **{f.name: done.timings.get(f.name, 0) for f in common_pb2.StageTimings.DESCRIPTOR.fields}
@@ -97,11 +127,14 @@ class ImageGeneratorServicer(ar_pb2_grpc.ImageGeneratorServicer):
             yield from self._stream_image(request, context, span)
 
     def _stream_image(self, request: ar_pb2.GenerateImageRequest, context: grpc.ServicerContext, span):
-        job = self._start(request, context, mode="image", span=span)
+        job = self._start(request, context, mode="image", span=span, partial_images=request.partial_images)
+        yield ar_pb2.ImageEvent(started=_started(job.plan))
         for event in self._events(job, context):
             if isinstance(event, events.Progress):
                 progress = common_pb2.Progress(index=event.index, stage=event.stage, step=event.step, total=event.total)
                 yield ar_pb2.ImageEvent(progress=progress)
+            elif isinstance(event, events.PreviewImage):
+                yield ar_pb2.ImageEvent(preview=_preview_message(event))
             elif isinstance(event, events.FinishedImage):
                 yield ar_pb2.ImageEvent(image=_image_message(event))
             elif isinstance(event, events.JobDone):
@@ -151,7 +184,12 @@ class ImageGeneratorServicer(ar_pb2_grpc.ImageGeneratorServicer):
             abort(context, grpc.StatusCode.UNAVAILABLE, "ar_service is still loading its model")
         return self.engine
 
-    def _start(self, request: ar_pb2.GenerateImageRequest, context: grpc.ServicerContext, mode: str, span=None) -> Job:
+    def _start(
+        self, request: ar_pb2.GenerateImageRequest, context: grpc.ServicerContext, mode: str, span=None,
+        partial_images: int = 0,
+    ) -> Job:
+        """Plans and queues a request. ``partial_images`` only from StreamImage: the other calls have no previews to
+        send, so the renderer is not asked for any."""
         engine = self._engine(context)
         try:
             plan = engine.plan(
@@ -167,6 +205,7 @@ class ImageGeneratorServicer(ar_pb2_grpc.ImageGeneratorServicer):
                 output_compression=request.output_compression if request.HasField("output_compression") else None,
                 quality=request.quality,
                 knobs=knobs_from_proto(request.knobs),
+                partial_images=partial_images,
             )
         except RequestRejected as exc:
             abort_rejected(context, exc)

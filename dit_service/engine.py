@@ -30,6 +30,7 @@ from dit_service.imaging import encode_image
 from dit_service.model.pipeline import DiTPipeline
 from dit_service.model.sampler import DenoiseCancelled
 from protos.knobs import KnobTable
+from protos.previews import MAX_PARTIAL_IMAGES, preview_steps
 from protos.status import RequestRejected
 from servicekit import tracing
 from servicekit.profiling import BusyProfiler, stage
@@ -53,6 +54,20 @@ class Progress:
 class FinishedImage:
     index: int
     seed: int
+    format: str
+    data: bytes
+    width: int
+    height: int
+
+
+@dataclass(frozen=True)
+class PreviewImage:
+    """A partial image: what the denoise predicts after ``step`` of ``total`` steps (preview.py)."""
+
+    index: int
+    partial_index: int
+    step: int
+    total: int
     format: str
     data: bytes
     width: int
@@ -87,6 +102,11 @@ class RenderPlan:
     dtype: torch.dtype
     positions: dict[str, int]
     index_offset: int = 0
+    partial_images: int = 0
+
+    @property
+    def preview_steps(self) -> list[int]:
+        return preview_steps(self.knobs["num_inference_steps"], self.partial_images)
 
 
 DTYPE_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -305,6 +325,7 @@ class DiTEngine:
         image_positions: int,
         negative_positions: int,
         index_offset: int = 0,
+        partial_images: int = 0,
     ) -> RenderPlan:
         """Checks a render header; raises RequestRejected naming the field at fault."""
         multiple = self.pipeline.size_multiple
@@ -325,6 +346,10 @@ class DiTEngine:
             raise RequestRejected(f"index_offset + n - 1 must stay below 2**32; got {index_offset}", param="index_offset")
         if output_format not in FORMATS:
             raise RequestRejected(f"output_format must be one of {', '.join(FORMATS)}", param="output_format")
+        if not 0 <= partial_images <= MAX_PARTIAL_IMAGES:
+            raise RequestRejected(
+                f"partial_images must be between 0 and {MAX_PARTIAL_IMAGES}; got {partial_images}", param="partial_images"
+            )
         if output_compression is not None:
             if output_format == "png":
                 raise RequestRejected("output_compression applies to jpeg and webp only", param="output_compression")
@@ -359,6 +384,7 @@ class DiTEngine:
             dtype=getattr(torch, dtype),
             positions=positions,
             index_offset=index_offset,
+            partial_images=partial_images,
         )
 
     # -- admission ------------------------------------------------------------------------
@@ -516,7 +542,7 @@ class DiTEngine:
             return
         if "dit_queue_ms" not in job.timings:
             job.timings.update(dit_queue_ms=(now - job.condition_complete_at) * 1e3, denoise_ms=0.0, vae_decode_ms=0.0,
-                               encode_ms=0.0, transformer_calls=0)
+                               encode_ms=0.0, preview_ms=0.0, transformer_calls=0)
         n_text = plan.positions["text"]  # job.condition is [text | image] (ConditionAssembler.complete)
         try:
             entry = self.pipeline.start_entry(
@@ -596,13 +622,36 @@ class DiTEngine:
             running.job.events.put(
                 Progress(running.job.plan.index_offset + running.image, "denoise", entry.step, entry.steps)
             )
-        for running in [r for r in batch if r.entry.done]:
+        for running in batch:
+            job = running.job
+            if running.entry.step in job.plan.preview_steps and not (job.finished or job.cancelled.is_set()):
+                try:
+                    self._preview(running)
+                except Exception as exc:
+                    log.exception("render %s: preview failed", running.job.plan.request_id)
+                    self._leave(running, exc)
+        for running in [r for r in batch if r.entry.done]:  # never a previewed step: previews precede the last step
             try:
                 self._finish(running)
             except Exception as exc:
                 log.exception("render %s failed", running.job.plan.request_id)
                 self._leave(running, exc)
         self.metrics.running.set(len(self._running))
+
+    def _preview(self, running: _Running) -> None:
+        """Sends the partial image of the step just run (plan.preview_steps): a linear map of the predicted latents,
+        not a VAE decode (pipeline.preview); its time counts as preview_ms, not as denoise time."""
+        job, plan, entry = running.job, running.job.plan, running.entry
+        started = time.perf_counter()
+        with stage(self.profiler, "dit.preview"):
+            pixels = self.pipeline.preview(entry)
+            data = encode_image(pixels, plan.output_format, plan.output_compression)
+        job.timings["preview_ms"] += (time.perf_counter() - started) * 1e3
+        partial_index = plan.preview_steps.index(entry.step)
+        index = plan.index_offset + running.image
+        job.events.put(
+            PreviewImage(index, partial_index, entry.step, entry.steps, plan.output_format, data, plan.width, plan.height)
+        )
 
     def _finish(self, running: _Running) -> None:
         job, plan, entry = running.job, running.job.plan, running.entry

@@ -16,6 +16,7 @@ import grpc
 from dit_service.engine import (
     DiTEngine,
     FinishedImage,
+    PreviewImage,
     Progress,
     QueueFull,
     RenderDone,
@@ -59,6 +60,7 @@ def _plan_from_header(engine: DiTEngine, header: dit_pb2.RenderHeader) -> Render
         image_positions=header.image_positions,
         negative_positions=header.negative_positions,
         index_offset=header.index_offset,
+        partial_images=header.partial_images,
     )
 
 
@@ -72,6 +74,19 @@ def to_render_event(event: object, plan: RenderPlan) -> dit_pb2.RenderEvent:
             image=common_pb2.GeneratedImage(
                 index=event.index,
                 seed=event.seed,
+                format=format_enum(event.format),
+                data=event.data,
+                width=event.width,
+                height=event.height,
+            )
+        )
+    if isinstance(event, PreviewImage):
+        return dit_pb2.RenderEvent(
+            preview=common_pb2.PreviewImage(
+                index=event.index,
+                partial_index=event.partial_index,
+                step=event.step,
+                total=event.total,
                 format=format_enum(event.format),
                 data=event.data,
                 width=event.width,

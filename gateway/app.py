@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway import errors, playground, schemas, stored_images, translate
+from gateway import errors, playground, schemas, stored_images, streaming, translate
 from gateway.auth import APIKeyMiddleware, load_api_keys
 from gateway.errors import APIError
 from gateway.protocol import ImageGenerationRequest
@@ -178,14 +178,6 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     return body
 
 
-async def _wait_for_disconnect(request: Request) -> None:
-    """Returns when the client goes away (the body has been read: only http.disconnect remains)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
 async def _collect(call: Any) -> tuple[list[common_pb2.GeneratedImage], ar_pb2.GenerateImageResponse | None]:
     images: list[common_pb2.GeneratedImage] = []
     completed = None
@@ -263,7 +255,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": body_schema}}}},
         responses=schemas.GENERATION_RESPONSES,
     )
-    async def generate_images(request: Request) -> JSONResponse:
+    async def generate_images(request: Request) -> Response:
         started = time.perf_counter()
         request_id = translate.new_request_id()
         request.state.request_id = request_id
@@ -277,11 +269,13 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         request.state.n = parsed.n
         parsed.check_supported()
         message = translate.to_proto(parsed, request_id)
+        if parsed.stream:
+            return await streaming.open_stream(request, parsed, message)
 
         grpc_started = time.perf_counter()
         call = request.app.state.generator.StreamImage(message, timeout=settings.request_timeout_s)
         collecting = asyncio.ensure_future(_collect(call))
-        watching = asyncio.ensure_future(_wait_for_disconnect(request))
+        watching = asyncio.ensure_future(streaming.wait_for_disconnect(request))
         try:
             done, _ = await asyncio.wait({collecting, watching}, return_when=asyncio.FIRST_COMPLETED)
         finally:

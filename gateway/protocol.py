@@ -1,7 +1,7 @@
 """OpenAI's ``POST /v1/images/generations``: the request and response models.
 
 The gateway checks the shape of the standard fields (types, ranges, choices) and refuses what
-ardit does not do yet (streaming, transparent backgrounds). Everything model-specific
+ardit does not do yet (transparent backgrounds). Everything model-specific
 (size multiples and limits, prompt length, the knobs) is ar_service's to judge: every extra
 top-level field is forwarded as a knob, and ar_service names the parameter it refuses.
 """
@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gateway.errors import APIError
+from protos.previews import MAX_PARTIAL_IMAGES
 
 MAX_SEED = 2**63 - 1
 SIZE_PATTERN = re.compile(r"^(\d+)x(\d+)$")
@@ -54,7 +55,11 @@ class ImageGenerationRequest(BaseModel):
     output_compression: int | None = Field(None, ge=0, le=100, description="0-100, jpeg and webp only.")
     background: Background | None = Field(None, description="The models draw opaque images; 'transparent' is refused.")
     user: str | None = Field(None, description="End-user id; logged with the request id, nothing else.")
-    stream: bool | None = Field(False, description="Streaming is not supported yet.")
+    stream: bool | None = Field(False, description="Answer with server-sent events: partial images, then each image.")
+    partial_images: int | None = Field(
+        None, ge=0, le=MAX_PARTIAL_IMAGES,
+        description=f"With stream: previews per image, 0-{MAX_PARTIAL_IMAGES}, evenly spaced over the denoising steps.",
+    )
     negative_prompt: str | None = Field(None, description="What to steer away from (with guidance).")
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="Seed of image 0; drawn when absent.")
 
@@ -81,8 +86,6 @@ class ImageGenerationRequest(BaseModel):
 
     def check_supported(self) -> None:
         """Refuses valid OpenAI values that ardit does not serve (yet)."""
-        if self.stream:
-            raise APIError(400, "streaming is not supported yet; send stream=false", "stream", "unsupported_value")
         if self.background == "transparent":
             raise APIError(
                 400,

@@ -83,7 +83,12 @@ COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {"model": ImagesResponse, "description": "The images, in OpenAI's shape plus ardit's extras"},
+    200: {
+        "model": ImagesResponse,
+        "description": "The images, in OpenAI's shape plus ardit's extras; with stream, server-sent events "
+        "(image_generation.partial_image, image_generation.completed, error; see gateway/streaming.py)",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    },
     400: _error("Invalid or unsupported input; error.param names the field"),
     404: _error("Unknown model"),
     429: _error("A service refused for load; see Retry-After"),

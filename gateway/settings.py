@@ -18,6 +18,9 @@ class GatewaySettings(ServiceSettings):
     ar_address: str = Field("127.0.0.1:50051", description="ar_service's host:port (ImageGenerator)")
     dit_address: str = Field("127.0.0.1:50052", description="dit_service's host:port (health checks only)")
     request_timeout_s: float = Field(600.0, gt=0, description="deadline of one image request's gRPC call, in seconds")
+    sse_keepalive_s: float = Field(
+        10.0, gt=0, description="with stream: a keep-alive comment after this many seconds without another event"
+    )
     max_body_bytes: int = Field(1_048_576, ge=1, description="largest request body accepted, in bytes (larger: 413)")
     log_level: str = Field("info", description="debug, info, warning or error")
     # -- API keys: none configured = open; any configured = every route but /health and the docs needs one --

@@ -42,6 +42,8 @@ def to_proto(request: ImageGenerationRequest, request_id: str | None = None) -> 
         message.seed = request.seed
     if request.output_compression is not None:
         message.output_compression = request.output_compression
+    if request.stream and request.partial_images:
+        message.partial_images = request.partial_images
     return message
 
 

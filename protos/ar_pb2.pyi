@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateImageRequest(_message.Message):
-    __slots__ = ("request_id", "model", "prompt", "negative_prompt", "width", "height", "n", "seed", "output_format", "output_compression", "quality", "knobs")
+    __slots__ = ("request_id", "model", "prompt", "negative_prompt", "width", "height", "n", "seed", "output_format", "output_compression", "quality", "knobs", "partial_images")
     class KnobsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class GenerateImageRequest(_message.Message):
     OUTPUT_COMPRESSION_FIELD_NUMBER: _ClassVar[int]
     QUALITY_FIELD_NUMBER: _ClassVar[int]
     KNOBS_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_IMAGES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     prompt: str
@@ -41,7 +42,8 @@ class GenerateImageRequest(_message.Message):
     output_compression: int
     quality: str
     knobs: _containers.MessageMap[str, _struct_pb2.Value]
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., negative_prompt: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., n: _Optional[int] = ..., seed: _Optional[int] = ..., output_format: _Optional[_Union[_common_pb2.OutputFormat, str]] = ..., output_compression: _Optional[int] = ..., quality: _Optional[str] = ..., knobs: _Optional[_Mapping[str, _struct_pb2.Value]] = ...) -> None: ...
+    partial_images: int
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., negative_prompt: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., n: _Optional[int] = ..., seed: _Optional[int] = ..., output_format: _Optional[_Union[_common_pb2.OutputFormat, str]] = ..., output_compression: _Optional[int] = ..., quality: _Optional[str] = ..., knobs: _Optional[_Mapping[str, _struct_pb2.Value]] = ..., partial_images: _Optional[int] = ...) -> None: ...
 
 class GenerateImageResponse(_message.Message):
     __slots__ = ("request_id", "model", "images", "seed", "width", "height", "timings", "knobs")
@@ -71,14 +73,49 @@ class GenerateImageResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., images: _Optional[_Iterable[_Union[_common_pb2.GeneratedImage, _Mapping]]] = ..., seed: _Optional[int] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., timings: _Optional[_Union[_common_pb2.StageTimings, _Mapping]] = ..., knobs: _Optional[_Mapping[str, _struct_pb2.Value]] = ...) -> None: ...
 
 class ImageEvent(_message.Message):
-    __slots__ = ("progress", "image", "completed")
+    __slots__ = ("progress", "image", "completed", "started", "preview")
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    PREVIEW_FIELD_NUMBER: _ClassVar[int]
     progress: _common_pb2.Progress
     image: _common_pb2.GeneratedImage
     completed: GenerateImageResponse
-    def __init__(self, progress: _Optional[_Union[_common_pb2.Progress, _Mapping]] = ..., image: _Optional[_Union[_common_pb2.GeneratedImage, _Mapping]] = ..., completed: _Optional[_Union[GenerateImageResponse, _Mapping]] = ...) -> None: ...
+    started: StreamStarted
+    preview: _common_pb2.PreviewImage
+    def __init__(self, progress: _Optional[_Union[_common_pb2.Progress, _Mapping]] = ..., image: _Optional[_Union[_common_pb2.GeneratedImage, _Mapping]] = ..., completed: _Optional[_Union[GenerateImageResponse, _Mapping]] = ..., started: _Optional[_Union[StreamStarted, _Mapping]] = ..., preview: _Optional[_Union[_common_pb2.PreviewImage, _Mapping]] = ...) -> None: ...
+
+class StreamStarted(_message.Message):
+    __slots__ = ("request_id", "model", "seed", "width", "height", "n", "knobs", "prompt_tokens", "image_tokens", "grid_rows")
+    class KnobsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: _struct_pb2.Value
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ...) -> None: ...
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    KNOBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    GRID_ROWS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    model: str
+    seed: int
+    width: int
+    height: int
+    n: int
+    knobs: _containers.MessageMap[str, _struct_pb2.Value]
+    prompt_tokens: int
+    image_tokens: int
+    grid_rows: int
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., seed: _Optional[int] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., n: _Optional[int] = ..., knobs: _Optional[_Mapping[str, _struct_pb2.Value]] = ..., prompt_tokens: _Optional[int] = ..., image_tokens: _Optional[int] = ..., grid_rows: _Optional[int] = ...) -> None: ...
 
 class VisualTokenRow(_message.Message):
     __slots__ = ("index", "seed", "grid_width", "grid_height", "row", "token_ids")

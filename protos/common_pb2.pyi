@@ -29,7 +29,7 @@ class Tensor(_message.Message):
     def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class StageTimings(_message.Message):
-    __slots__ = ("ar_prefill_ms", "ar_decode_ms", "ar_tokens", "condition_transfer_ms", "dit_queue_ms", "denoise_ms", "vae_decode_ms", "encode_ms", "total_ms", "transformer_calls")
+    __slots__ = ("ar_prefill_ms", "ar_decode_ms", "ar_tokens", "condition_transfer_ms", "dit_queue_ms", "denoise_ms", "vae_decode_ms", "encode_ms", "total_ms", "transformer_calls", "preview_ms")
     AR_PREFILL_MS_FIELD_NUMBER: _ClassVar[int]
     AR_DECODE_MS_FIELD_NUMBER: _ClassVar[int]
     AR_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,7 @@ class StageTimings(_message.Message):
     ENCODE_MS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_MS_FIELD_NUMBER: _ClassVar[int]
     TRANSFORMER_CALLS_FIELD_NUMBER: _ClassVar[int]
+    PREVIEW_MS_FIELD_NUMBER: _ClassVar[int]
     ar_prefill_ms: float
     ar_decode_ms: float
     ar_tokens: int
@@ -50,7 +51,8 @@ class StageTimings(_message.Message):
     encode_ms: float
     total_ms: float
     transformer_calls: int
-    def __init__(self, ar_prefill_ms: _Optional[float] = ..., ar_decode_ms: _Optional[float] = ..., ar_tokens: _Optional[int] = ..., condition_transfer_ms: _Optional[float] = ..., dit_queue_ms: _Optional[float] = ..., denoise_ms: _Optional[float] = ..., vae_decode_ms: _Optional[float] = ..., encode_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., transformer_calls: _Optional[int] = ...) -> None: ...
+    preview_ms: float
+    def __init__(self, ar_prefill_ms: _Optional[float] = ..., ar_decode_ms: _Optional[float] = ..., ar_tokens: _Optional[int] = ..., condition_transfer_ms: _Optional[float] = ..., dit_queue_ms: _Optional[float] = ..., denoise_ms: _Optional[float] = ..., vae_decode_ms: _Optional[float] = ..., encode_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., transformer_calls: _Optional[int] = ..., preview_ms: _Optional[float] = ...) -> None: ...
 
 class GeneratedImage(_message.Message):
     __slots__ = ("index", "seed", "format", "data", "width", "height")
@@ -67,6 +69,26 @@ class GeneratedImage(_message.Message):
     width: int
     height: int
     def __init__(self, index: _Optional[int] = ..., seed: _Optional[int] = ..., format: _Optional[_Union[OutputFormat, str]] = ..., data: _Optional[bytes] = ..., width: _Optional[int] = ..., height: _Optional[int] = ...) -> None: ...
+
+class PreviewImage(_message.Message):
+    __slots__ = ("index", "partial_index", "step", "total", "format", "data", "width", "height")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_INDEX_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    partial_index: int
+    step: int
+    total: int
+    format: OutputFormat
+    data: bytes
+    width: int
+    height: int
+    def __init__(self, index: _Optional[int] = ..., partial_index: _Optional[int] = ..., step: _Optional[int] = ..., total: _Optional[int] = ..., format: _Optional[_Union[OutputFormat, str]] = ..., data: _Optional[bytes] = ..., width: _Optional[int] = ..., height: _Optional[int] = ...) -> None: ...
 
 class Progress(_message.Message):
     __slots__ = ("index", "stage", "step", "total")

@@ -31,7 +31,7 @@ class RenderInput(_message.Message):
     def __init__(self, header: _Optional[_Union[RenderHeader, _Mapping]] = ..., chunk: _Optional[_Union[ConditionChunk, _Mapping]] = ..., end: _Optional[_Union[RenderEnd, _Mapping]] = ...) -> None: ...
 
 class RenderHeader(_message.Message):
-    __slots__ = ("request_id", "width", "height", "n", "seed", "output_format", "output_compression", "knobs", "hidden_size", "dtype", "text_positions", "image_positions", "negative_positions", "index_offset")
+    __slots__ = ("request_id", "width", "height", "n", "seed", "output_format", "output_compression", "knobs", "hidden_size", "dtype", "text_positions", "image_positions", "negative_positions", "index_offset", "partial_images")
     class KnobsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,7 @@ class RenderHeader(_message.Message):
     IMAGE_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     NEGATIVE_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     INDEX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_IMAGES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     width: int
     height: int
@@ -67,7 +68,8 @@ class RenderHeader(_message.Message):
     image_positions: int
     negative_positions: int
     index_offset: int
-    def __init__(self, request_id: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., n: _Optional[int] = ..., seed: _Optional[int] = ..., output_format: _Optional[_Union[_common_pb2.OutputFormat, str]] = ..., output_compression: _Optional[int] = ..., knobs: _Optional[_Mapping[str, _struct_pb2.Value]] = ..., hidden_size: _Optional[int] = ..., dtype: _Optional[str] = ..., text_positions: _Optional[int] = ..., image_positions: _Optional[int] = ..., negative_positions: _Optional[int] = ..., index_offset: _Optional[int] = ...) -> None: ...
+    partial_images: int
+    def __init__(self, request_id: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., n: _Optional[int] = ..., seed: _Optional[int] = ..., output_format: _Optional[_Union[_common_pb2.OutputFormat, str]] = ..., output_compression: _Optional[int] = ..., knobs: _Optional[_Mapping[str, _struct_pb2.Value]] = ..., hidden_size: _Optional[int] = ..., dtype: _Optional[str] = ..., text_positions: _Optional[int] = ..., image_positions: _Optional[int] = ..., negative_positions: _Optional[int] = ..., index_offset: _Optional[int] = ..., partial_images: _Optional[int] = ...) -> None: ...
 
 class ConditionChunk(_message.Message):
     __slots__ = ("kind", "offset", "hidden_states")
@@ -84,14 +86,16 @@ class RenderEnd(_message.Message):
     def __init__(self) -> None: ...
 
 class RenderEvent(_message.Message):
-    __slots__ = ("progress", "image", "completed")
+    __slots__ = ("progress", "image", "completed", "preview")
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    PREVIEW_FIELD_NUMBER: _ClassVar[int]
     progress: _common_pb2.Progress
     image: _common_pb2.GeneratedImage
     completed: RenderSummary
-    def __init__(self, progress: _Optional[_Union[_common_pb2.Progress, _Mapping]] = ..., image: _Optional[_Union[_common_pb2.GeneratedImage, _Mapping]] = ..., completed: _Optional[_Union[RenderSummary, _Mapping]] = ...) -> None: ...
+    preview: _common_pb2.PreviewImage
+    def __init__(self, progress: _Optional[_Union[_common_pb2.Progress, _Mapping]] = ..., image: _Optional[_Union[_common_pb2.GeneratedImage, _Mapping]] = ..., completed: _Optional[_Union[RenderSummary, _Mapping]] = ..., preview: _Optional[_Union[_common_pb2.PreviewImage, _Mapping]] = ...) -> None: ...
 
 class RenderSummary(_message.Message):
     __slots__ = ("request_id", "seed", "timings", "knobs")

@@ -22,6 +22,7 @@ import torch
 from diffusers import AutoencoderKL
 
 from dit_service.model.cuda_graphs import GraphedTransformer
+from dit_service.model.preview import LatentPreviewer
 from dit_service.model.refiner import ImageConditionRefiner
 from dit_service.model.sampler import (
     CFG_MODES,
@@ -99,6 +100,7 @@ class DiTPipeline:
         self.transformer.pack_samples = self.device.type == "cuda"
         # What a denoise step calls: the transformer itself, or its CUDA graphs (use_cuda_graphs).
         self.step_model: Callable[..., torch.Tensor] = self.transformer
+        self._previewer: LatentPreviewer | None = None  # fitted to the VAE on first use (preview.py)
 
     def use_cuda_graphs(self, max_graphs: int) -> None:
         """Replays the denoise step's transformer call from CUDA graphs (cuda_graphs.py); no effect off CUDA or with
@@ -269,9 +271,10 @@ class DiTPipeline:
 
     def warm_up(self) -> float:
         """Runs what a render runs, once, on made-up inputs (a guided and an unguided denoise step, the refiner, the
-        VAE decode); returns the seconds it took. The first call of the fused kernels compiles them (torch.compile,
-        dynamic shapes) and cuDNN and cuBLAS set up on first use: without this, the first request pays for it. One
-        step per call signature, so no CUDA graph is captured for these shapes. Nothing is kept."""
+        VAE decode, a preview); returns the seconds it took. The first call of the fused kernels compiles them
+        (torch.compile, dynamic shapes) and cuDNN and cuBLAS set up on first use: without this, the first request pays
+        for it. One step per call signature, so no CUDA graph is captured for these shapes. Only the previewer's fit
+        to the VAE is kept."""
         started = time.perf_counter()
         side = 4 * self.size_multiple
         generator = torch.Generator().manual_seed(0)
@@ -281,8 +284,21 @@ class DiTPipeline:
             entry = self.start_entry(text, image, empty, side, side, seed=0, steps=1, guidance=guidance)
             self.step([entry])
         self.decode(entry.latents)
+        self.preview(entry)
         self.synchronize()
         return time.perf_counter() - started
+
+    @property
+    def previewer(self) -> LatentPreviewer:
+        """The latent-to-RGB map fitted to this pipeline's VAE (once; deterministic)."""
+        if self._previewer is None:
+            self._previewer = LatentPreviewer.fit(self.vae, self.device, self.dtype)
+        return self._previewer
+
+    def preview(self, entry: DenoiseEntry) -> np.ndarray:
+        """uint8 pixels [H, W, 3] of the image ``entry``'s last step predicts, at the final image's size, without the
+        VAE decoder (preview.py)."""
+        return self.previewer.pixels(entry.predicted_data())
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> np.ndarray:

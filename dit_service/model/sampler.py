@@ -121,6 +121,7 @@ class DenoiseEntry:
     cfg_range_policy: str = "per_step"
     step: int = 0
     rows: int = 0  # transformer evaluations of this image (2 per step inside cfg_range, else 1)
+    velocity: torch.Tensor | None = None  # the last step's (guided) velocity [1, C, h, w]; valid until the next step
 
     @property
     def done(self) -> bool:
@@ -133,10 +134,19 @@ class DenoiseEntry:
     def wants_cfg(self) -> bool:
         return uses_cfg(self.step, self.steps, self.guidance, self.cfg_range, self.cfg_range_policy)
 
+    def predicted_data(self) -> torch.Tensor:
+        """The clean latents the last step points at: x_t + (1 - t) * v on the straight path (t = data's time 1).
+
+        What a preview shows: the noisy state itself is mostly noise until late in the schedule."""
+        if self.velocity is None:
+            raise ValueError("no step has run yet")
+        return self.latents + (1.0 - self.t[self.step]) * self.velocity
+
     def release(self) -> None:
         """Drops the tensors (a cancelled entry frees its memory at once, even if something still holds it)."""
         empty = torch.empty(0)
         self.cond = self.uncond = self.latents = self.t = empty
+        self.velocity = None
 
 
 def start_entry(
@@ -216,6 +226,7 @@ def step_entries(
             entry.rows += 1
         i = entry.step
         entry.latents = entry.latents + (entry.t[i + 1] - entry.t[i]) * pred
+        entry.velocity = pred
         entry.step += 1
     return calls
 
