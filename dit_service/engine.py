@@ -20,13 +20,14 @@ import secrets
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from dit_service.imaging import encode_image
+from dit_service.imaging import PREVIEW_PNG_COMPRESS_LEVEL, encode_image
 from dit_service.model.pipeline import DiTPipeline
 from dit_service.model.sampler import DenoiseCancelled
 from protos.knobs import KnobTable
@@ -242,6 +243,7 @@ class _Running:
     joined_at: float
     denoise_s: float = 0.0
     span: Any = None  # dit.denoise, from joining the batch to the last step (None when tracing is off)
+    previews: list[Future] = field(default_factory=list)  # partial images still being encoded
 
 
 class EngineMetrics:
@@ -303,6 +305,9 @@ class DiTEngine:
         self._closed = False
         self._step_ewma_s = 0.5
         self.counters = dict(admitted=0, rejected=0, cancelled=0, completed=0, largest_batch=0, batched_steps=0)
+        # Partial images are encoded here, beside the worker: a PNG encode at 1024x1024 takes longer than a denoise
+        # step, and the next step need not wait for it (Pillow releases the GIL while it compresses).
+        self._preview_encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dit-preview")
         self._worker = threading.Thread(target=self._work, name="dit-worker", daemon=True)
         self._worker.start()
 
@@ -640,18 +645,25 @@ class DiTEngine:
 
     def _preview(self, running: _Running) -> None:
         """Sends the partial image of the step just run (plan.preview_steps): a linear map of the predicted latents,
-        not a VAE decode (pipeline.preview); its time counts as preview_ms, not as denoise time."""
+        not a VAE decode (pipeline.preview), encoded beside the worker; its time counts as preview_ms, not as
+        denoise time."""
         job, plan, entry = running.job, running.job.plan, running.entry
         started = time.perf_counter()
         with stage(self.profiler, "dit.preview"):
             pixels = self.pipeline.preview(entry)
-            data = encode_image(pixels, plan.output_format, plan.output_compression)
-        job.timings["preview_ms"] += (time.perf_counter() - started) * 1e3
-        partial_index = plan.preview_steps.index(entry.step)
-        index = plan.index_offset + running.image
-        job.events.put(
-            PreviewImage(index, partial_index, entry.step, entry.steps, plan.output_format, data, plan.width, plan.height)
-        )
+        pixels_s = time.perf_counter() - started
+        event = dict(index=plan.index_offset + running.image, partial_index=plan.preview_steps.index(entry.step),
+                     step=entry.step, total=entry.steps)
+
+        def encode_and_send() -> None:
+            encode_started = time.perf_counter()
+            data = encode_image(pixels, plan.output_format, plan.output_compression, png_level=PREVIEW_PNG_COMPRESS_LEVEL)
+            job.timings["preview_ms"] += (pixels_s + time.perf_counter() - encode_started) * 1e3
+            if not (job.finished or job.cancelled.is_set()):
+                job.events.put(PreviewImage(event["index"], event["partial_index"], event["step"], event["total"],
+                                            plan.output_format, data, plan.width, plan.height))
+
+        running.previews.append(self._preview_encoder.submit(encode_and_send))
 
     def _finish(self, running: _Running) -> None:
         job, plan, entry = running.job, running.job.plan, running.entry
@@ -665,6 +677,8 @@ class DiTEngine:
         with stage(self.profiler, "dit.encode"), tracing.span("dit.encode", job.trace, image_index=index, format=plan.output_format):
             data = encode_image(pixels, plan.output_format, plan.output_compression)
         t3 = time.perf_counter()
+        for preview in running.previews:  # the partial images go out before the image, and count in its timings
+            preview.result()
         timings = job.timings
         timings["denoise_ms"] += running.denoise_s * 1e3
         timings["vae_decode_ms"] += (t2 - t1) * 1e3

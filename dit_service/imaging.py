@@ -13,6 +13,9 @@ FORMATS = ("png", "jpeg", "webp")
 DEFAULT_QUALITY = 90
 # Fixed zlib level so PNG bytes never depend on Pillow defaults changing; 6 is zlib's usual speed/size balance.
 PNG_COMPRESS_LEVEL = 6
+# Partial images are looked at once and replaced: zlib's fastest level (a 1024x1024 preview at level 6 took 277 ms
+# on the H200 host, 7% of the render it previews; bench/results/h200/preview_cost.json).
+PREVIEW_PNG_COMPRESS_LEVEL = 1
 # Fixed WebP effort (0 fast .. 6 slow); part of what makes the bytes reproducible.
 WEBP_METHOD = 4
 
@@ -26,14 +29,14 @@ def quality_for(compression: int | None) -> int:
     return max(1, 100 - compression)
 
 
-def encode_image(pixels: np.ndarray, fmt: str, compression: int | None = None) -> bytes:
-    """Encodes uint8 [H, W, 3] pixels; compression is ignored for PNG (lossless)."""
+def encode_image(pixels: np.ndarray, fmt: str, compression: int | None = None, png_level: int = PNG_COMPRESS_LEVEL) -> bytes:
+    """Encodes uint8 [H, W, 3] pixels; compression is ignored for PNG (lossless), whose zlib level is png_level."""
     if pixels.dtype != np.uint8 or pixels.ndim != 3 or pixels.shape[2] != 3:
         raise ValueError(f"pixels must be uint8 [H, W, 3]; got {pixels.dtype} {pixels.shape}")
     image = Image.fromarray(np.ascontiguousarray(pixels))
     out = io.BytesIO()
     if fmt == "png":
-        image.save(out, format="PNG", compress_level=PNG_COMPRESS_LEVEL)
+        image.save(out, format="PNG", compress_level=png_level)
     elif fmt == "jpeg":
         image.save(out, format="JPEG", quality=quality_for(compression), optimize=False)
     elif fmt == "webp":
