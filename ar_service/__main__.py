@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from typing import NoReturn
 
 from ar_service.settings import ARSettings
 from servicekit.logs import setup_logging
@@ -13,7 +14,7 @@ from servicekit.settings import load_settings
 log = logging.getLogger("ar_service")
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> NoReturn:
     settings = load_settings(ARSettings, argv, prog="python -m ar_service", description="ardit's AR service and front door")
     setup_logging(settings.log_level)
 

@@ -7,7 +7,7 @@ right after its EOL is fed: that is when `on_row` streams the row. The final (lo
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -127,11 +127,11 @@ def _prefill(
     if prefix is not None:
         prefix_ids = prefix.ids
     split = len(prefix_ids) if prefix_ids and len(prompt_ids) > len(prefix_ids) and prompt_ids[: len(prefix_ids)] == prefix_ids else 0
-    if split and cache is None:
-        cache = KVCache(capacity=len(prompt_ids))
     if not split:
         logits, hidden = _forward_chunk(model, prompt_ids, 0, cache)
     else:
+        if cache is None:
+            cache = KVCache(capacity=len(prompt_ids))
         if prefix is not None:
             cache = prefix.cache.copy(capacity=cache.capacity)
             head = prefix.condition
@@ -292,25 +292,30 @@ class SlotDecoder:
     @torch.inference_mode()
     def step(self, streams: list[DecodeStream]) -> tuple[list[int], torch.Tensor]:
         ids, positions = zip(*(s.feed for s in streams), strict=True)
-        slots = [s.slot for s in streams]
+        slots = [self._slot(s) for s in streams]
         tokens, hidden = self.static.step(slots, list(ids), list(positions), [s.draw for s in streams])
         if self.static.lookahead:
             # The likeliest next step: every stream that goes on feeds the token it just drew, one position on.
             going = [(s, token) for s, token in zip(streams, tokens, strict=True) if len(s.tokens) + 1 < s.grid.decode_tokens]
             if going:
                 self.static.launch_ahead(
-                    [s.slot for s, _ in going],
+                    [self._slot(s) for s, _ in going],
                     [token for _, token in going],
                     [s.feed[1] + 1 for s, _ in going],
                     [s.draw_at(len(s.tokens) + 1) for s, _ in going],
                 )
         return tokens, hidden
 
+    @staticmethod
+    def _slot(stream: DecodeStream) -> int:
+        assert stream.slot is not None, "a stream steps only while admitted to a slot"
+        return stream.slot
+
 
 def decode_together(
     decoder: EagerDecoder | SlotDecoder,
     streams: list[DecodeStream],
-    joiners: list[DecodeStream] = (),
+    joiners: Sequence[DecodeStream] = (),
     join_every: int = 1,
     max_steps: int | None = None,
     release_unfinished: bool = True,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import queue
 from collections.abc import Iterator
+from typing import Literal
 
 import grpc
 
@@ -16,6 +17,7 @@ from ar_service.engine import AREngine, ImagePlan, Job, QueueFull
 from protos import ar_pb2, ar_pb2_grpc, channels, common_pb2
 from protos.formats import format_enum, format_name
 from protos.status import RequestRejected, abort, abort_rejected
+from protos.timings import stage_timings
 from protos.values import knobs_from_proto, knobs_to_proto, to_value
 from servicekit.grpc_server import RunningServer, build_grpc_server
 from servicekit.tls import ServerTLS
@@ -38,9 +40,7 @@ def _image_message(image: events.FinishedImage) -> common_pb2.GeneratedImage:
 
 
 def _summary(plan: ImagePlan, done: events.JobDone) -> ar_pb2.GenerateImageResponse:
-    timings = common_pb2.StageTimings(
-        **{f.name: done.timings.get(f.name, 0) for f in common_pb2.StageTimings.DESCRIPTOR.fields}
-    )
+    timings = stage_timings(done.timings)
     return ar_pb2.GenerateImageResponse(
         request_id=plan.request_id,
         model=plan.model,
@@ -125,7 +125,9 @@ class ImageGeneratorServicer(ar_pb2_grpc.ImageGeneratorServicer):
             abort(context, grpc.StatusCode.UNAVAILABLE, "ar_service is still loading its model")
         return self.engine
 
-    def _start(self, request: ar_pb2.GenerateImageRequest, context: grpc.ServicerContext, mode: str) -> Job:
+    def _start(
+        self, request: ar_pb2.GenerateImageRequest, context: grpc.ServicerContext, mode: Literal["image", "tokens"]
+    ) -> Job:
         engine = self._engine(context)
         try:
             plan = engine.plan(

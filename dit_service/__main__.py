@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 import time
+from typing import NoReturn
 
 from dit_service.settings import DiTSettings
 from servicekit.logs import setup_logging
@@ -14,7 +15,7 @@ from servicekit.settings import load_settings
 log = logging.getLogger("dit_service")
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> NoReturn:
     settings = load_settings(DiTSettings, argv, prog="python -m dit_service", description="ardit's DiT rendering service")
     setup_logging(settings.log_level)
 
