@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from typing import NoReturn
 
 from ar_service.settings import ARSettings
 from servicekit import tracing
@@ -15,7 +16,7 @@ from servicekit.settings import load_settings
 log = logging.getLogger("ar_service")
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> NoReturn:
     settings = load_settings(ARSettings, argv, prog="python -m ar_service", description="ardit's AR service and front door")
     setup_logging(settings.log_level)
     refuse_busy_ports("ar_service", settings.host, settings.port, settings.metrics_port)  # before the slow imports and the load

@@ -22,6 +22,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -113,7 +114,7 @@ class Job:
         self._finished = False
         self.timings: dict[str, float] = {}
         # engine bookkeeping (worker thread only, except _wake)
-        self._wake = None  # set by the engine: called when the job is cancelled or fails
+        self._wake: Callable[[], None] | None = None  # set by the engine: called when the job is cancelled or fails
         self._streams_left = self.plan.n
         self._left_early = False  # counted as cancelled by the engine
         self.negative: torch.Tensor | None = None

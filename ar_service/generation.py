@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -208,11 +208,11 @@ def _prefill(
     if prefix is not None:
         prefix_ids = prefix.ids
     split = len(prefix_ids) if prefix_ids and len(prompt_ids) > len(prefix_ids) and prompt_ids[: len(prefix_ids)] == prefix_ids else 0
-    if split and cache is None:
-        cache = KVCache(capacity=len(prompt_ids))
     if not split:
         logits, hidden = _forward_chunk(model, prompt_ids, 0, cache)
     else:
+        if cache is None:
+            cache = KVCache(capacity=len(prompt_ids))
         if prefix is not None:
             cache = prefix.cache.copy(capacity=cache.capacity)
             head = prefix.condition
@@ -394,7 +394,8 @@ class DecodeStream:
 
     @property
     def uncond_offset(self) -> int:
-        """How many positions the unconditional row's sequence lies behind this one's."""
+        """How many positions the unconditional row's sequence lies behind this one's (guided streams only)."""
+        assert self.uncond is not None, "only a guided stream has an unconditional row"
         return self.prompt_len - self.uncond.prompt_len
 
     def accept(self, hidden: torch.Tensor, next_token: int) -> None:
@@ -435,7 +436,9 @@ def _step_rows(streams: list[DecodeStream], feeds: list[tuple[int, int]], steps:
             ids.append(ids[b])
             positions.append(positions[b] - s.uncond_offset)
             draws.append(draws[b])  # drawn too, and thrown away: the unconditional row feeds its image's token
-            draws[b] = guided(draws[b], s.guidance, uncond_places[b])
+            place = uncond_places[b]
+            assert place is not None, "a guided stream's unconditional row has a place in the step"
+            draws[b] = guided(draws[b], s.guidance, place)
     return ids, positions, draws
 
 
@@ -526,11 +529,16 @@ class SlotDecoder:
                 ))
         return tokens, hidden
 
+    @staticmethod
+    def _slot(stream: DecodeStream) -> int:
+        assert stream.slot is not None, "a stream steps only while admitted to a slot"
+        return stream.slot
+
 
 def decode_together(
     decoder: EagerDecoder | SlotDecoder,
     streams: list[DecodeStream],
-    joiners: list[DecodeStream] = (),
+    joiners: Sequence[DecodeStream] = (),
     join_every: int = 1,
     max_steps: int | None = None,
     release_unfinished: bool = True,

@@ -13,9 +13,12 @@ SYSTEM_PROMPT = "You are a helpful image generator."
 
 
 class _VisualIds(Protocol):
-    eol_token_id: int
-    visual_token_start_id: int
-    visual_token_end_id: int  # exclusive
+    @property
+    def eol_token_id(self) -> int: ...
+    @property
+    def visual_token_start_id(self) -> int: ...
+    @property
+    def visual_token_end_id(self) -> int: ...  # exclusive
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import queue
 from collections.abc import Iterator
+from typing import Literal
 
 import grpc
 
@@ -16,6 +17,7 @@ from ar_service.engine import AREngine, ImagePlan, Job, QueueFull
 from protos import ar_pb2, ar_pb2_grpc, channels, common_pb2
 from protos.formats import format_enum, format_name
 from protos.status import RequestRejected, abort, abort_rejected
+from protos.timings import stage_timings
 from protos.values import knobs_from_proto, knobs_to_proto, to_value
 from servicekit import tracing
 from servicekit.grpc_server import RunningServer, build_grpc_server
@@ -82,9 +84,7 @@ def _started(plan: ImagePlan) -> ar_pb2.StreamStarted:
 
 
 def _summary(plan: ImagePlan, done: events.JobDone) -> ar_pb2.GenerateImageResponse:
-    timings = common_pb2.StageTimings(
-        **{f.name: done.timings.get(f.name, 0) for f in common_pb2.StageTimings.DESCRIPTOR.fields}
-    )
+    timings = stage_timings(done.timings)
     return ar_pb2.GenerateImageResponse(
         request_id=plan.request_id,
         model=plan.model,
@@ -185,7 +185,7 @@ class ImageGeneratorServicer(ar_pb2_grpc.ImageGeneratorServicer):
         return self.engine
 
     def _start(
-        self, request: ar_pb2.GenerateImageRequest, context: grpc.ServicerContext, mode: str, span=None,
+        self, request: ar_pb2.GenerateImageRequest, context: grpc.ServicerContext, mode: Literal["image", "tokens"], span=None,
         partial_images: int = 0,
     ) -> Job:
         """Plans and queues a request. ``partial_images`` only from StreamImage: the other calls have no previews to

@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 import time
+from typing import NoReturn
 
 from dit_service.settings import DiTSettings
 from servicekit import tracing
@@ -16,7 +17,7 @@ from servicekit.settings import load_settings
 log = logging.getLogger("dit_service")
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> NoReturn:
     settings = load_settings(DiTSettings, argv, prog="python -m dit_service", description="ardit's DiT rendering service")
     setup_logging(settings.log_level)
     refuse_busy_ports("dit_service", settings.host, settings.port, settings.metrics_port)  # before the slow imports and the load

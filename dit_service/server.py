@@ -28,6 +28,7 @@ from protos import channels, common_pb2, dit_pb2, dit_pb2_grpc
 from protos.codec import CodecError, decode_tensor
 from protos.formats import format_enum, format_name
 from protos.status import RequestRejected, abort, abort_rejected
+from protos.timings import stage_timings
 from protos.values import knobs_from_proto, knobs_to_proto
 from servicekit import tracing
 from servicekit.grpc_guard import MalformedMessage
@@ -41,7 +42,6 @@ KIND_NAMES = {
     dit_pb2.CONDITION_KIND_IMAGE: "image",
     dit_pb2.CONDITION_KIND_NEGATIVE: "negative",
 }
-TIMING_FIELDS = {f.name for f in common_pb2.StageTimings.DESCRIPTOR.fields}
 
 
 def _plan_from_header(engine: DiTEngine, header: dit_pb2.RenderHeader) -> RenderPlan:
@@ -94,7 +94,7 @@ def to_render_event(event: object, plan: RenderPlan) -> dit_pb2.RenderEvent:
             )
         )
     assert isinstance(event, RenderDone)
-    timings = common_pb2.StageTimings(**{k: v for k, v in event.timings.items() if k in TIMING_FIELDS})
+    timings = stage_timings(event.timings)
     return dit_pb2.RenderEvent(
         completed=dit_pb2.RenderSummary(
             request_id=plan.request_id, seed=event.seed, timings=timings, knobs=knobs_to_proto(event.knobs)
@@ -172,7 +172,9 @@ class RendererServicer(dit_pb2_grpc.RendererServicer):
 
     def _receive_condition(self, plan: RenderPlan, request_iterator, context, trace=None):
         """Reads chunks until the end marker; returns the queued job (traced under ``trace``)."""
-        assembler = self.engine.assembler(plan)
+        engine = self.engine
+        assert engine is not None, "Render refuses calls while the model loads"
+        assembler = engine.assembler(plan)
         for message in request_iterator:
             kind = message.WhichOneof("input")
             if kind == "chunk":
@@ -183,7 +185,7 @@ class RendererServicer(dit_pb2_grpc.RendererServicer):
                 assembler.add(KIND_NAMES.get(chunk.kind, "unspecified"), chunk.offset, decode_tensor(chunk.hidden_states))
             elif kind == "end":
                 condition, uncond = assembler.complete()
-                return self.engine.submit(plan, condition, uncond, admitted=True, trace=trace)
+                return engine.submit(plan, condition, uncond, admitted=True, trace=trace)
             else:
                 raise RequestRejected(f"unexpected {kind or 'empty'} message inside a Render stream", param=kind or "input")
         if not context.is_active():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -91,7 +92,7 @@ def _param_of_loc(loc: tuple[Any, ...]) -> str | None:
     return str(parts[0]) if parts and isinstance(parts[0], str) else None
 
 
-def validation_error(errors: list[dict[str, Any]]) -> APIError:
+def validation_error(errors: Sequence[Mapping[str, Any]]) -> APIError:
     """The first pydantic error of a request body as a 400 naming its field."""
     if not errors:
         return APIError(400, "invalid request body", code="invalid_value")
@@ -180,8 +181,13 @@ async def _rpc_error(request: Request, exc: grpc.aio.AioRpcError) -> JSONRespons
 
 def install(app: FastAPI) -> None:
     """Registers the handlers; unexpected exceptions are turned into a 500 by the app's middleware."""
-    app.add_exception_handler(APIError, _api_error)
-    app.add_exception_handler(RequestValidationError, _request_validation)
-    app.add_exception_handler(ValidationError, _pydantic_validation)
-    app.add_exception_handler(StarletteHTTPException, _http_exception)
-    app.add_exception_handler(grpc.aio.AioRpcError, _rpc_error)
+    # Starlette types a handler as taking any Exception; it calls each with the class it is registered for.
+    handlers: list[tuple[type[Exception], Callable[[Request, Any], Awaitable[JSONResponse]]]] = [
+        (APIError, _api_error),
+        (RequestValidationError, _request_validation),
+        (ValidationError, _pydantic_validation),
+        (StarletteHTTPException, _http_exception),
+        (grpc.aio.AioRpcError, _rpc_error),
+    ]
+    for kind, handler in handlers:
+        app.add_exception_handler(kind, handler)

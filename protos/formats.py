@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from protos import common_pb2
 
-FORMAT_ENUMS = {"png": common_pb2.OUTPUT_FORMAT_PNG, "jpeg": common_pb2.OUTPUT_FORMAT_JPEG, "webp": common_pb2.OUTPUT_FORMAT_WEBP}
-_NAMES = {value: name for name, value in FORMAT_ENUMS.items()}
+FORMAT_ENUMS: dict[str, common_pb2.OutputFormat] = {
+    "png": common_pb2.OUTPUT_FORMAT_PNG,
+    "jpeg": common_pb2.OUTPUT_FORMAT_JPEG,
+    "webp": common_pb2.OUTPUT_FORMAT_WEBP,
+}
+_NAMES: dict[int, str] = {value: name for name, value in FORMAT_ENUMS.items()}
 
 
 def format_name(value: int) -> str:
@@ -15,5 +19,5 @@ def format_name(value: int) -> str:
     return _NAMES.get(value, "unknown")
 
 
-def format_enum(name: str) -> int:
+def format_enum(name: str) -> common_pb2.OutputFormat:
     return FORMAT_ENUMS[name]

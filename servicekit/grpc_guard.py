@@ -63,7 +63,11 @@ def _stream_behavior(behavior: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class MalformedRequestInterceptor(grpc.ServerInterceptor):
-    def intercept_service(self, continuation, handler_call_details):
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
         handler = continuation(handler_call_details)
         if handler is None or handler.request_deserializer is None:
             return handler

@@ -14,6 +14,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from typing import NoReturn
 
 import grpc
 
@@ -44,7 +45,7 @@ def stop_gracefully(
     log.info("%s stopped after %.1f s", name, time.monotonic() - started)
 
 
-def exit_process(code: int = 0) -> None:
+def exit_process(code: int = 0) -> NoReturn:
     """Ends the process once the server has stopped: flushes the logs and exits without interpreter teardown.
 
     Daemon threads (the engine's worker, gRPC's pollers, torch's pools) may still exist; tearing the

@@ -87,7 +87,7 @@ def build_parser(cls: type[ServiceSettings], prog: str, description: str) -> arg
     return parser
 
 
-def read_yaml(path: Path) -> dict[str, Any]:
+def read_yaml(path: str | Path) -> dict[str, Any]:
     try:
         loaded = yaml.safe_load(Path(path).read_text()) or {}
     except FileNotFoundError:

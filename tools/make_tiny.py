@@ -23,6 +23,7 @@ from transformers.utils import logging as transformers_logging
 from ar_service.model.tiny import (
     TINY_HIDDEN_SIZE,
     preview_llm_config,
+    root_config,
     tiny_llm_parts,
     write_preview_tokenizer_and_t2i,
     write_tiny_tokenizer_and_t2i,
@@ -37,8 +38,7 @@ PREVIEW_HIDDEN_SIZE = 3584
 
 
 def _write_config(root: Path, llm_config: dict, gen_parts: dict) -> None:
-    config = {"model_type": "mammothmoda2", "architectures": ["Mammothmoda2Model"], "llm_config": llm_config, **gen_parts}
-    (root / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (root / CONFIG_FILE).write_text(json.dumps(root_config(llm_config, gen_parts), indent=2, sort_keys=True) + "\n")
 
 
 def write_tiny(root: Path) -> None:

@@ -22,6 +22,7 @@ is imported, the kernels run on CPU tensors (slowly), which is how the tests che
 from __future__ import annotations
 
 import os
+from typing import Literal, overload
 
 import torch
 
@@ -240,6 +241,36 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
+@overload
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = ...,
+    norm: tuple[torch.Tensor, float] | None = ...,
+    squares: torch.Tensor | None = ...,
+    residual: torch.Tensor | None = ...,
+    swiglu: bool = ...,
+    emit_squares: Literal[False] = ...,
+    blocks: tuple[int, int, int, int] | None = ...,
+) -> torch.Tensor: ...
+
+
+@overload
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = ...,
+    norm: tuple[torch.Tensor, float] | None = ...,
+    squares: torch.Tensor | None = ...,
+    residual: torch.Tensor | None = ...,
+    swiglu: bool = ...,
+    emit_squares: Literal[True],
+    blocks: tuple[int, int, int, int] | None = ...,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 def linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -283,7 +314,7 @@ def linear(
                 x, weight, out, bias if bias is not None else x, residual if residual is not None else x, norm_w,
                 squares if squares is not None else out, squares_out if squares_out is not None else out,
                 m, n, k, x.stride(0), weight.stride(0), out.stride(0), residual.stride(0) if residual is not None else 0,
-                squares.stride(0) if squares is not None else 0, squares_out.stride(0) if emit_squares else 0,
+                squares.stride(0) if squares is not None else 0, squares_out.stride(0) if squares_out is not None else 0,
                 parts, eps, **flags, PARTS_BLOCK=triton.next_power_of_2(parts),
                 BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
             )
@@ -293,7 +324,7 @@ def linear(
             stages -= 1
             continue
         _fitting_stages[key] = stages
-        return (out, squares_out) if emit_squares else out
+        return (out, squares_out) if squares_out is not None else out  # squares_out is made when emit_squares
 
 
 def rope_write(

@@ -21,7 +21,8 @@ Facts followed (bytedance/mammothmoda ``mammothmoda2/model/mammothmoda2_qwen2_5_
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -46,14 +47,15 @@ class KVCache:
             self._v.append(None)
         start, end = self.length, self.length + k.shape[2]
         buf_k, buf_v = self._k[layer], self._v[layer]
-        if buf_k is None or buf_k.shape[2] < end:
+        if buf_k is None or buf_v is None or buf_k.shape[2] < end:  # k and v are always set together
             size = max(end, self.capacity, 2 * (0 if buf_k is None else buf_k.shape[2]))
             new_k = k.new_empty(k.shape[0], k.shape[1], size, k.shape[3])
             new_v = v.new_empty(v.shape[0], v.shape[1], size, v.shape[3])
-            if buf_k is not None:
+            if buf_k is not None and buf_v is not None:
                 new_k[:, :, :start] = buf_k[:, :, :start]
                 new_v[:, :, :start] = buf_v[:, :, :start]
-            self._k[layer], self._v[layer] = buf_k, buf_v = new_k, new_v
+            self._k[layer], self._v[layer] = new_k, new_v
+            buf_k, buf_v = new_k, new_v
         buf_k[:, :, start:end] = k
         buf_v[:, :, start:end] = v
         return buf_k[:, :, :end], buf_v[:, :, :end]
@@ -68,7 +70,7 @@ class KVCache:
         out = KVCache(capacity=max(capacity, self.length))
         size = out.capacity
         for buf_k, buf_v in zip(self._k, self._v, strict=True):
-            if buf_k is None:
+            if buf_k is None or buf_v is None:  # a layer not reached yet (k and v are always set together)
                 out._k.append(None)
                 out._v.append(None)
                 continue
@@ -273,7 +275,7 @@ class TextModel(nn.Module):
         n = len(self.layers)
         wanted = None if keep is None else {i % (n + 1) for i in keep}
         kept: dict[int, torch.Tensor] = {}
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(cast("Iterable[DecoderLayer]", self.layers)):  # nn.ModuleList yields plain Modules
             if wanted is not None and i in wanted:
                 kept[i] = x
             x = layer.decode(x, cos, sin, route, is_gen, caches)

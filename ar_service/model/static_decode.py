@@ -197,7 +197,7 @@ class _TritonLayers:
         group = config.num_attention_heads // config.num_key_value_heads
         self.workspace = decode_kernels.attention_workspace(
             rows.shape[0], config.num_key_value_heads, group, config.head_dim, self.decoder.device)
-        self.squares = None  # of the layer input, when folding; the embedding is normalised by its own launch
+        self.squares: torch.Tensor | None = None  # of the layer input, when folding; the embedding is normalised by its own launch
 
     def layer(self, i: int, weights: tuple, x: torch.Tensor) -> torch.Tensor:
         n1, e1, qkv_w, qkv_b, ow, n2, e2, gate_up_w, dw = weights
@@ -292,10 +292,9 @@ class StaticDecoder:
         self.device_ms = 0.0
         self._timed: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._indexes: dict[tuple[int, ...], torch.Tensor] = {}
-        self._outputs: tuple[torch.Tensor, torch.Tensor] | None = None
         pinned = device.type == "cuda"
         self._host_drawn = torch.zeros(slots, dtype=torch.long, pin_memory=pinned)
-        self._pool = None
+        self._pool: torch.cuda._POOL_HANDLE | None = None  # the type torch.cuda.graph_pool_handle() returns
         with torch.no_grad():
             self._layer_weights = [self._weights(layer) for layer in text.layers]
         self.compile_mode = compile_mode
@@ -304,6 +303,7 @@ class StaticDecoder:
     def _kernels(self, compile: bool) -> None:
         """The layers' kernel set and the sampler's noise: plain, or with torch.compile where it applies."""
         self.compiled = compile
+        self.layers: _TritonLayers | _TorchLayers
         if self.kernels == "triton":
             self.layers = _TritonLayers(self, self.fold_norms)
         else:
@@ -343,6 +343,7 @@ class StaticDecoder:
         slot = self._free.pop(0)
         n = cache.length
         for layer, (k, v) in enumerate(zip(cache._k, cache._v, strict=True)):
+            assert k is not None and v is not None, "a prefilled cache holds every layer"
             self.k[layer, slot, :, :n] = k[0, :, :n]
             self.v[layer, slot, :, :n] = v[0, :, :n]
         return slot
@@ -373,8 +374,7 @@ class StaticDecoder:
                 self._add_device_time()
                 return result
             self.ahead_wasted += 1
-        self._enqueue(slots, ids, positions, draws)
-        drawn, hidden = self._outputs  # hidden: the listed slots' rows already
+        drawn, hidden = self._enqueue(slots, ids, positions, draws)  # hidden: the listed slots' rows already
         tokens = drawn.tolist()  # the one device-to-host wait of a step
         self._add_device_time()
         return [tokens[slot] for slot in slots], hidden
@@ -406,8 +406,8 @@ class StaticDecoder:
             return False
         if self.cuda_graphs and self.shape_for(slots, positions) not in self._graphs:
             return False
-        self._enqueue(slots, ids, positions, draws)
-        self._ahead = _Ahead((slots, ids, positions, draws), *self._outputs, self._host_drawn)
+        drawn, hidden = self._enqueue(slots, ids, positions, draws)
+        self._ahead = _Ahead((slots, ids, positions, draws), drawn, hidden, self._host_drawn)
         return True
 
     def _check(self, ids: list[int], positions: list[int]) -> None:
@@ -416,8 +416,9 @@ class StaticDecoder:
         if max(positions) >= self.max_positions - 1:
             raise ValueError(f"position {max(positions)} is beyond the decode cache ({self.max_positions - 1})")
 
-    def _enqueue(self, slots, ids, positions, draws) -> None:
-        """Uploads the inputs and runs (or enqueues, on CUDA) the step; its outputs are in ``self._outputs``."""
+    def _enqueue(self, slots, ids, positions, draws) -> tuple[torch.Tensor, torch.Tensor]:
+        """Uploads the inputs and runs (or enqueues, on CUDA) the step; returns its outputs (drawn ids, the listed
+        slots' hidden states), which a later step does not overwrite."""
         if not (len(slots) == len(ids) == len(positions) == len(draws)) or not slots:
             raise ValueError("step needs one id, one position and one draw per slot")
         if any(len(draw) > 4 and draw[4] > 1 and draw[5] not in slots for draw in draws):
@@ -454,7 +455,7 @@ class StaticDecoder:
         index = self._indexes.get(key)
         if index is None:
             index = self._indexes[key] = torch.tensor(slots, dtype=torch.long, device=self.device)
-        self._outputs = drawn.clone(), hidden.index_select(0, index)
+        return drawn.clone(), hidden.index_select(0, index)
 
     def shape_for(self, slots: list[int], positions: list[int]) -> tuple[int, int]:
         """(bucket, rows) of the step feeding ``slots`` at ``positions``: rows up to the highest slot in use (a power
@@ -488,7 +489,8 @@ class StaticDecoder:
         counts = sorted({min(self.slots, 1 << n) for n in range(self.slots.bit_length() + 1)})
         if not self.layers.bucketed:
             return [(self.max_positions, rows) for rows in counts]
-        buckets, n = [], 1
+        buckets: list[int] = []
+        n = 1
         while n <= min(positions, self.max_positions):
             b = min(self.max_positions, bucket_for(n))
             if not buckets or b != buckets[-1]:

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 import torch
+import transformers
 
 from ar_service.model.configuration import LLM_MODEL_TYPE, ar_config_from_dict
 from ar_service.model.loading import LLM_PREFIX, build_random_ar
@@ -204,6 +205,22 @@ def write_preview_tokenizer_and_t2i(root: Path, t2i: T2IGenerationConfig = PREVI
     t2i.save(root)
 
 
+def root_config(llm_config: dict, gen_parts: dict) -> dict:
+    """The root config.json of a written checkpoint.
+
+    ``transformers_version`` names the release that wrote the tokenizer files beside it, as every config saved by
+    transformers does. transformers 5.x reads it when it loads a tokenizer of over 100,000 ids from a directory (the
+    Preview-shaped one): without it, releases up to at least 5.17 take the directory for a Mistral checkpoint saved
+    before 5.0 and warn of an "incorrect regex pattern" (docs/models/mammothmoda2.md)."""
+    return {
+        "model_type": "mammothmoda2",
+        "architectures": ["Mammothmoda2Model"],
+        "transformers_version": transformers.__version__,
+        "llm_config": llm_config,
+        **gen_parts,
+    }
+
+
 # Stubs the root needs for servicekit.checkpoint.PipelineCheckpoint.size_multiple when only the AR is present.
 AR_ONLY_GEN_STUBS = {"gen_dit_config": {"patch_size": 2}, "gen_vae_config": {"block_out_channels": [8, 8, 8, 8]}}
 
@@ -223,7 +240,7 @@ def write_ar_only_root(root: Path, preview: bool = False, weights: bool = True) 
     else:
         llm_config, tensors = tiny_llm_parts()
         write_tiny_tokenizer_and_t2i(root)
-    config = {"model_type": "mammothmoda2", "architectures": ["Mammothmoda2Model"], "llm_config": llm_config, **AR_ONLY_GEN_STUBS}
+    config = root_config(llm_config, AR_ONLY_GEN_STUBS)
     (root / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     if weights and tensors is not None:
         save_tensors(root, tensors)

@@ -13,14 +13,16 @@ and ``<|image token|>`` at 152069 / 152070 is inferred), and visual tokens from 
 The tiny tokenizer keeps that gen layout (8 header slots, then visual tokens) over a 512-id text vocabulary
 trained offline and deterministically on an in-repo corpus. The Preview-shaped tokenizer is a byte-level
 vocabulary with no merges, padded with unreachable placeholders up to 151643 so every special id matches
-Preview's; it exists to drive the random-weight benchmark model, not to read text well.
+Preview's; it exists to drive the random-weight benchmark model, not to read text well. Its normalizer,
+pre-tokenizer and decoder are Qwen2's (``QWEN2_PRETOKENIZE_REGEX``), so text splits as Preview's own tokenizer
+splits it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 TEXT_VOCAB_SIZE = 512
@@ -78,6 +80,14 @@ QWEN_SPECIAL_TOKENS = (
     "<|fim_pad|>",
     "<|repo_name|>",
     "<|file_sep|>",
+)
+
+
+# Qwen2's pre-tokenizer split (transformers ``models/qwen2/tokenization_qwen2.py`` PRETOKENIZE_REGEX, the pattern of
+# the Qwen2 / Qwen2.5 tokenizer.json files): contractions, letter runs with one leading non-letter, single digits,
+# punctuation runs, newlines, spaces.
+QWEN2_PRETOKENIZE_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
 
@@ -154,15 +164,25 @@ def build_preview_tokenizer(text_vocab_size: int = 152064, gen_vocab_size: int =
     for i in range(len(vocab), QWEN_SPECIAL_START_ID):
         vocab[f"<|ardit unused {i}|>"] = i  # never produced: there are no merges
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    )
-    tok.decoder = decoders.ByteLevel()
+    _use_qwen2_text_pipeline(tok)
     pad = [f"<|extra_{i}|>" for i in range(text_vocab_size - QWEN_SPECIAL_START_ID - len(QWEN_SPECIAL_TOKENS))]
     tok.add_special_tokens(_specials(list(QWEN_SPECIAL_TOKENS) + pad + gen_special_tokens(gen_vocab_size)))
     if tok.get_vocab_size() != text_vocab_size + gen_vocab_size:
         raise RuntimeError(f"preview tokenizer came out at {tok.get_vocab_size()} ids")
     return _wrap(tok)
+
+
+def _use_qwen2_text_pipeline(tok: Tokenizer) -> None:
+    """Qwen2's text path around the model (transformers' Qwen2Tokenizer): NFC, the split regex with each match kept
+    as its own piece, byte-level without a prefix space (the split already did GPT-2's job), byte-level decoding."""
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
 
 
 def write_tokenizer(directory: Path) -> PreTrainedTokenizerFast:

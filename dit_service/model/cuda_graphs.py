@@ -47,7 +47,7 @@ class GraphedTransformer:
         self.counts = {"eager": 0, "captured": 0, "replayed": 0, "evicted": 0}
         self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()
         self._seen: OrderedDict[tuple, None] = OrderedDict()
-        self._pool = None
+        self._pool: torch.cuda._POOL_HANDLE | None = None  # the type torch.cuda.graph_pool_handle() returns
 
     def __call__(
         self, latents: torch.Tensor, timestep: torch.Tensor, condition: torch.Tensor,

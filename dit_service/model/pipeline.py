@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from diffusers import AutoencoderKL
+from diffusers.models.autoencoders.autoencoder_kl import AutoencoderKL  # not `from diffusers`: type checkers see a placeholder there
 
 from dit_service.model.cuda_graphs import GraphedTransformer
 from dit_service.model.preview import LatentPreviewer
@@ -131,7 +131,9 @@ class DiTPipeline:
     @classmethod
     def from_config(cls, config: dict, device="cpu", dtype=torch.float32, random_weights=False, seed=0, load=None):
         dit, vae, refiner = build_modules(config)
-        parts = [(DIT_PREFIX, dit), (VAE_PREFIX, vae)] + ([(REFINER_PREFIX, refiner)] if refiner is not None else [])
+        parts: list[tuple[str, torch.nn.Module]] = [(DIT_PREFIX, dit), (VAE_PREFIX, vae)]
+        if refiner is not None:
+            parts.append((REFINER_PREFIX, refiner))
         for i, (prefix, module) in enumerate(parts):
             if random_weights:
                 random_init_(materialize(module, device, dtype), seed=seed + i)
@@ -151,15 +153,17 @@ class DiTPipeline:
     @property
     def condition_dim(self) -> int:
         """Width of the condition rows the DiT accepts: the LLM hidden size."""
-        return self.transformer.time_caption_embed.caption_embedder[1].in_features
+        projection = self.transformer.time_caption_embed.caption_embedder[1]
+        assert isinstance(projection, torch.nn.Linear)  # caption_embedder is Sequential(RMSNorm, Linear)
+        return projection.in_features
 
     @property
     def latent_channels(self) -> int:
-        return self.vae.config.latent_channels
+        return self.vae.config["latent_channels"]
 
     @property
     def vae_scale_factor(self) -> int:
-        return 2 ** (len(self.vae.config.block_out_channels) - 1)
+        return 2 ** (len(self.vae.config["block_out_channels"]) - 1)
 
     @property
     def patch_size(self) -> int:
@@ -227,7 +231,7 @@ class DiTPipeline:
             seed=seed,
             steps=steps,
             guidance=guidance,
-            cfg_range=tuple(cfg_range),
+            cfg_range=cfg_range,
             cfg_mode=cfg_mode,
             on_step=on_step,
             should_stop=should_stop,
@@ -255,7 +259,7 @@ class DiTPipeline:
                 raise ValueError(f"{name} must be [positions, {self.condition_dim}]; got {tuple(tensor.shape)}")
         condition = self.assemble_condition(text_condition, image_condition)
         return start_entry(
-            condition, uncond_condition, self.latent_shape(width, height), seed, steps, guidance, tuple(cfg_range),
+            condition, uncond_condition, self.latent_shape(width, height), seed, steps, guidance, (cfg_range[0], cfg_range[1]),
             device=self.device, dtype=self.dtype, cfg_range_policy=self.cfg_range_policy,
         )
 
@@ -310,10 +314,10 @@ class DiTPipeline:
             raise ValueError(f"decode takes one image; got batch {latents.shape[0]}")
         config = self.vae.config
         z = latents.to(device=self.device, dtype=self.dtype)
-        if config.scaling_factor is not None:
-            z = z / config.scaling_factor
-        if getattr(config, "shift_factor", None) is not None:
-            z = z + config.shift_factor
+        if config["scaling_factor"] is not None:
+            z = z / config["scaling_factor"]
+        if config.get("shift_factor") is not None:
+            z = z + config["shift_factor"]
         image = self.vae.decode(z, return_dict=False)[0][0].float().clamp(-1, 1)
         pixels = ((image + 1) * 127.5).round().to(torch.uint8)
         return pixels.permute(1, 2, 0).cpu().numpy()

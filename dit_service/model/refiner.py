@@ -16,6 +16,9 @@ round(hidden / 128). Output [B, Q, hidden] (hidden = output_hidden_size or the i
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -75,7 +78,7 @@ class ImageConditionRefiner(nn.Module):
         """x [B, L, in], padding_mask [B, L] (True = padding) -> [B, num_queries, hidden]."""
         kv = self.input_proj(x)
         q = self.query.expand(x.shape[0], -1, -1).to(kv.dtype)
-        for layer in self.layers:
+        for layer in cast("Iterable[QFormerLayer]", self.layers):  # nn.ModuleList yields plain Modules
             h = layer.ln_q1(q)
             q = q + layer.self_attn(h, h, h, need_weights=False)[0]
             h = layer.ln_q2(q)

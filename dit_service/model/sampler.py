@@ -129,7 +129,8 @@ class DenoiseEntry:
 
     @property
     def latent_shape(self) -> tuple[int, int, int]:
-        return tuple(self.latents.shape[1:])
+        _, channels, height, width = self.latents.shape
+        return channels, height, width
 
     def wants_cfg(self) -> bool:
         return uses_cfg(self.step, self.steps, self.guidance, self.cfg_range, self.cfg_range_policy)

@@ -8,12 +8,14 @@ Deterministic: same arguments, same bytes.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from dit_service.model.pipeline import DIT_PREFIX, REFINER_PREFIX, VAE_PREFIX, build_modules
 from dit_service.model.weights import materialize, random_init_
 
-TINY_DIT_CONFIG = {
+TINY_DIT_CONFIG: dict[str, Any] = {
     "_class_name": "Transformer2DModel",
     "patch_size": 2,
     "in_channels": 16,
@@ -33,7 +35,7 @@ TINY_DIT_CONFIG = {
 }
 
 # Flux VAE's latent normalisation constants, so decode exercises the same scale-and-shift path.
-TINY_VAE_CONFIG = {
+TINY_VAE_CONFIG: dict[str, Any] = {
     "_class_name": "AutoencoderKL",
     "in_channels": 3,
     "out_channels": 3,
@@ -70,7 +72,9 @@ def tiny_gen_parts(llm_hidden_size: int, with_refiner: bool = False) -> tuple[di
     }
     dit, vae, refiner = build_modules(dict(parts, llm_config={"text_config": {"hidden_size": llm_hidden_size}}))
     tensors: dict[str, torch.Tensor] = {}
-    modules = [(DIT_PREFIX, dit), (VAE_PREFIX, vae)] + ([(REFINER_PREFIX, refiner)] if refiner is not None else [])
+    modules: list[tuple[str, torch.nn.Module]] = [(DIT_PREFIX, dit), (VAE_PREFIX, vae)]
+    if refiner is not None:
+        modules.append((REFINER_PREFIX, refiner))
     for i, (prefix, module) in enumerate(modules):
         random_init_(materialize(module, "cpu", torch.float32), seed=SEED + i)
         tensors.update({prefix + name: t.detach().clone().contiguous() for name, t in module.state_dict().items()})

@@ -258,7 +258,11 @@ class TimeCaptionEmbed(nn.Module):
     def __init__(self, hidden_size: int, condition_dim: int, norm_eps: float, timestep_scale: float):
         super().__init__()
         self.time_proj = Timesteps(
-            num_channels=FREQUENCY_EMBEDDING_SIZE, flip_sin_to_cos=True, downscale_freq_shift=0.0, scale=timestep_scale
+            num_channels=FREQUENCY_EMBEDDING_SIZE,
+            flip_sin_to_cos=True,
+            downscale_freq_shift=0.0,
+            # diffusers annotates this int, but passes it on to get_timestep_embedding's float ``scale``
+            scale=timestep_scale,  # type: ignore[arg-type]
         )
         self.timestep_embedder = TimestepEmbedding(in_channels=FREQUENCY_EMBEDDING_SIZE, time_embed_dim=min(hidden_size, 1024))
         # Upstream re-creates this with the LLM's hidden size (and RMSNorm eps 1e-5 regardless of norm_eps).
