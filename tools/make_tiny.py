@@ -20,6 +20,7 @@ from pathlib import Path
 
 from transformers.utils import logging as transformers_logging
 
+from ar_service.model.t2i_config import T2IGenerationConfig
 from ar_service.model.tiny import (
     TINY_HIDDEN_SIZE,
     preview_llm_config,
@@ -41,13 +42,26 @@ def _write_config(root: Path, llm_config: dict, gen_parts: dict) -> None:
     (root / CONFIG_FILE).write_text(json.dumps(root_config(llm_config, gen_parts), indent=2, sort_keys=True) + "\n")
 
 
+def write_pipeline(
+    root: Path,
+    llm_config: dict,
+    gen_parts: dict,
+    tensors: dict,
+    serving: ServingDefaults,
+    t2i: T2IGenerationConfig | None = None,
+) -> None:
+    """The one save path of a tiny-vocabulary pipeline (random here, trained by train/): config.json, weights,
+    the tiny tokenizer, t2i_generation_config.json and ardit_serving.json."""
+    _write_config(root, llm_config, gen_parts)
+    save_tensors(root, tensors)
+    write_tiny_tokenizer_and_t2i(root, t2i)
+    write_serving_defaults(root, serving)
+
+
 def write_tiny(root: Path) -> None:
     llm_config, ar_tensors = tiny_llm_parts()
     gen_parts, gen_tensors = tiny_gen_parts(TINY_HIDDEN_SIZE)
-    _write_config(root, llm_config, gen_parts)
-    save_tensors(root, {**ar_tensors, **gen_tensors})
-    write_tiny_tokenizer_and_t2i(root)
-    write_serving_defaults(root, TINY_SERVING)
+    write_pipeline(root, llm_config, gen_parts, {**ar_tensors, **gen_tensors}, TINY_SERVING)
 
 
 def write_preview_skeleton(root: Path) -> None:
@@ -56,7 +70,8 @@ def write_preview_skeleton(root: Path) -> None:
     write_serving_defaults(root, ServingDefaults())
 
 
-def _write_atomically(target: Path, writer) -> None:
+def write_atomically(target: Path, writer) -> None:
+    """Runs ``writer(staging_dir)`` beside ``target``, then renames the result into place."""
     transformers_logging.disable_progress_bar()
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -73,11 +88,11 @@ def _write_atomically(target: Path, writer) -> None:
 
 
 def make_tiny(target: Path) -> None:
-    _write_atomically(target, write_tiny)
+    write_atomically(target, write_tiny)
 
 
 def make_preview_skeleton(target: Path) -> None:
-    _write_atomically(target, write_preview_skeleton)
+    write_atomically(target, write_preview_skeleton)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -148,14 +148,16 @@ def tiny_t2i() -> T2IGenerationConfig:
     )
 
 
-def write_tiny_tokenizer_and_t2i(root: Path) -> None:
-    """Tokenizer files and t2i_generation_config.json at the root; same bytes on every call."""
+def write_tiny_tokenizer_and_t2i(root: Path, t2i: T2IGenerationConfig | None = None) -> None:
+    """Tokenizer files and t2i_generation_config.json (``tiny_t2i()`` unless given) at the root; same bytes on
+    every call."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
+    t2i = t2i or tiny_t2i()
     tokenizer = build_tokenizer()
-    assert tokenizer.convert_tokens_to_ids(EOL_TOKEN) == tiny_t2i().eol_token_id
+    assert tokenizer.convert_tokens_to_ids(EOL_TOKEN) == t2i.eol_token_id
     tokenizer.save_pretrained(str(root))
-    tiny_t2i().save(root)
+    t2i.save(root)
 
 
 def preview_llm_config() -> dict:

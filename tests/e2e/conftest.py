@@ -7,6 +7,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,16 +63,16 @@ def tiny_model(tmp_path_factory) -> Path:
     return directory
 
 
-@pytest.fixture(scope="session")
-def stack(tiny_model: Path, tmp_path_factory) -> Stack:
-    logs = tmp_path_factory.mktemp("logs")
+@contextmanager
+def running_stack(model_dir: Path, logs: Path) -> Iterator[Stack]:
+    """The three services on ``model_dir``, up and healthy; stopped (and their exit checked) on leaving."""
     ar_port, dit_port, gateway_port = free_port(), free_port(), free_port()
     ar, dit = f"127.0.0.1:{ar_port}", f"127.0.0.1:{dit_port}"
     processes = {
-        "dit_service": _start("dit_service", ["dit_service", "--port", str(dit_port), "--model-dir", str(tiny_model)], logs),
+        "dit_service": _start("dit_service", ["dit_service", "--port", str(dit_port), "--model-dir", str(model_dir)], logs),
         "ar_service": _start(
             "ar_service",
-            ["ar_service", "--port", str(ar_port), "--model-dir", str(tiny_model), "--dit-address", dit],
+            ["ar_service", "--port", str(ar_port), "--model-dir", str(model_dir), "--dit-address", dit],
             logs,
         ),
         "gateway": _start(
@@ -87,7 +89,7 @@ def stack(tiny_model: Path, tmp_path_factory) -> Stack:
 
     try:
         _wait("the services", lambda: check(dit) == "SERVING" and check(ar) == "SERVING" and gateway_ready(), processes, logs)
-        yield Stack(tiny_model, url, ar, dit, logs)
+        yield Stack(model_dir, url, ar, dit, logs)
     finally:
         for process in processes.values():
             process.terminate()
@@ -99,3 +101,9 @@ def stack(tiny_model: Path, tmp_path_factory) -> Stack:
                 raise RuntimeError(f"{name} did not stop within 15 s of SIGTERM") from exc
         for name, process in processes.items():
             assert process.returncode in (0, -15), f"{name} exited with {process.returncode}"
+
+
+@pytest.fixture(scope="session")
+def stack(tiny_model: Path, tmp_path_factory) -> Iterator[Stack]:
+    with running_stack(tiny_model, tmp_path_factory.mktemp("logs")) as running:
+        yield running

@@ -1,0 +1,92 @@
+"""Runs training stages in order on one device and writes the checkpoint (and the log) after each.
+
+A stage starts from the checkpoint at ``--out`` when one is there (so ``vae``, then ``ar``, then ``dit`` can run
+as separate commands), else from fresh weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import time
+from pathlib import Path
+
+# The services fuse a few elementwise ops with torch.compile on CUDA; training runs them plain (no compile time).
+os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from servicekit.checkpoint import CONFIG_FILE  # noqa: E402
+from train import architecture, checkpoint, report, selfcheck, stages  # noqa: E402
+
+STAGES = ("vae", "ar", "dit")
+DEFAULT_BUDGET_S = {"vae": 60.0, "ar": 55.0, "dit": 150.0}  # with data, conditions and the check: ~6 min on one H200
+
+
+def parser(description: str, with_stages: bool) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    if with_stages:
+        p.add_argument("stages", nargs="+", choices=STAGES, help="stages to run, in the order given")
+    p.add_argument("--out", type=Path, required=True, help="checkpoint directory (read if present, then replaced)")
+    p.add_argument("--log-dir", type=Path, help=f"where {report.LOG_NAME} and {report.PLOT_NAME} go (default: beside --out)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scale", choices=sorted(stages.SCALES), default="full", help="data and step counts (micro: CPU test)")
+    for name in STAGES:
+        p.add_argument(f"--budget-{name}", type=float, default=DEFAULT_BUDGET_S[name], help=f"seconds of {name} training at most")
+    p.add_argument("--eval-budget", type=float, default=40.0, help="seconds for the in-process held-out check (0: skip)")
+    return p
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def run(args: argparse.Namespace, names: list[str]) -> dict:
+    started = time.monotonic()
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    seed_everything(args.seed)
+    scale = stages.SCALES[args.scale]
+    if (args.out / CONFIG_FILE).is_file():
+        ar, dit, vae = checkpoint.load(args.out, device, args.seed)
+        print(f"continuing from {args.out}", flush=True)
+    else:
+        ar = architecture.new_ar(device, args.seed)
+        dit, vae = architecture.new_dit_and_vae(device, args.seed)
+    logs = []
+    for name in names:
+        budget = getattr(args, f"budget_{name}")
+        if name == "vae":
+            logs.append(stages.train_vae(vae, scale, args.seed, device, budget))
+        elif name == "ar":
+            logs.append(stages.train_ar(ar, scale, args.seed, device, budget))
+        else:
+            pipeline = checkpoint.pipeline_for(dit, vae, device)
+            logs.append(stages.train_dit(pipeline, ar, scale, args.seed, device, budget))
+        checkpoint.save(args.out, ar, dit, vae)
+        print(f"checkpoint written to {args.out} after {name}", flush=True)
+    record = {
+        "seed": args.seed, "device": str(torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
+        "scale": args.scale, "stages": [log.to_dict() for log in logs],
+    }
+    if "dit" in names and args.eval_budget > 0:
+        ar.eval()
+        pipeline = checkpoint.pipeline_for(dit, vae, device)
+        record["held_out_check"] = [
+            selfcheck.held_out_accuracy(ar, pipeline, scale.eval_examples, scramble, budget_s=args.eval_budget / 2,
+                                        **({"steps": scale.eval_steps} if scale.eval_steps else {}))
+            for scramble in (False, True)
+        ]
+        for line in record["held_out_check"]:
+            print(f"[check] {line}", flush=True)
+    record["wall_seconds"] = round(time.monotonic() - started, 1)
+    path = report.append_run(args.log_dir or args.out.parent, record)
+    print(f"log written to {path} ({record['wall_seconds']} s in all)", flush=True)
+    return record

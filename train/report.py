@@ -1,0 +1,66 @@
+"""The training log: command, seed, data sizes, steps and losses as JSON, and the loss curves as a PNG.
+
+The plot is drawn with PIL (always present here), one panel per stage, log-scaled loss against step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import sys
+from pathlib import Path
+
+import torch
+from PIL import Image, ImageDraw
+
+LOG_NAME = "training_log.json"
+PLOT_NAME = "loss_curves.png"
+
+
+def read_log(directory: Path) -> dict:
+    path = Path(directory) / LOG_NAME
+    return json.loads(path.read_text()) if path.is_file() else {"runs": []}
+
+
+def append_run(directory: Path, run: dict) -> Path:
+    """Adds one command's record (its stages, checks and environment) to the log and redraws the plot."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    log = read_log(directory)
+    run = {"command": " ".join(["python -m", *sys.argv]) if sys.argv else "", "python": platform.python_version(),
+           "torch": torch.__version__, **run}
+    log["runs"].append(run)
+    (directory / LOG_NAME).write_text(json.dumps(log, indent=2) + "\n")
+    plot(log, directory / PLOT_NAME)
+    return directory / LOG_NAME
+
+
+def plot(log: dict, path: Path) -> None:
+    stages: dict[str, list] = {}
+    for run in log["runs"]:
+        for stage in run.get("stages", []):
+            stages[stage["stage"]] = stage["losses"]  # the latest run of each stage
+    stages = {k: v for k, v in stages.items() if v}
+    if not stages:
+        return
+    w, h, pad = 360, 240, 36
+    image = Image.new("RGB", (w * len(stages), h), "white")
+    draw = ImageDraw.Draw(image)
+    for i, (name, losses) in enumerate(stages.items()):
+        x0 = i * w
+        steps = [s for s, _ in losses]
+        values = [math.log10(max(v, 1e-8)) for _, v in losses]
+        lo, hi = min(values), max(values)
+        hi = hi if hi > lo else lo + 1
+        smax = max(steps[-1], 1)
+        points = [(x0 + pad + (w - 2 * pad) * s / smax, h - pad - (h - 2 * pad) * (v - lo) / (hi - lo))
+                  for s, v in zip(steps, values, strict=True)]
+        draw.rectangle([x0 + pad, pad, x0 + w - pad, h - pad], outline="gray")
+        if len(points) > 1:
+            draw.line(points, fill=(30, 70, 220), width=2)
+        draw.text((x0 + pad, 8), f"{name}: loss (log10) vs step", fill="black")
+        draw.text((x0 + 4, pad - 4), f"{10 ** hi:.3g}", fill="black")
+        draw.text((x0 + 4, h - pad - 6), f"{10 ** lo:.3g}", fill="black")
+        draw.text((x0 + w - pad - 30, h - pad + 6), str(smax), fill="black")
+    image.save(path)
