@@ -6,7 +6,7 @@ Usage (one GPU): ``python -m bench.preview_cost --out $OUT/preview_cost.json [--
    denoise step replayed from CUDA graphs as dit_service runs it, renders one image per point (``--points``, size:steps,
    guidance on every step) and times the render (denoise + VAE decode + PNG encode). Then, on the latents of the middle
    step, it times one preview as dit_service makes it (``DiTPipeline.preview``: the latent-to-RGB map, upsampling,
-   copy to the host; then the encode), ``--repeats`` times, in PNG and JPEG. It reports the medians, one preview's
+   copy to the host; then the encode, at the engine's preview PNG level), ``--repeats`` times, in PNG and JPEG. It reports the medians, one preview's
    share of the render (the target: below 5%), three previews' share, the one-off fit of the map, and the VAE decode
    a preview avoids.
 2. Unless ``--no-stack``: the three services (bench/services.py, Preview-shaped, random weights), one unstreamed
@@ -42,7 +42,7 @@ def _parse_points(text: str) -> list[tuple[int, int]]:
 def inprocess(points, guidance: float, repeats: int, device: str, tiny_dir: Path | None) -> dict:
     import torch
 
-    from dit_service.imaging import encode_image
+    from dit_service.imaging import PREVIEW_PNG_COMPRESS_LEVEL, encode_image
     from dit_service.model.pipeline import DiTPipeline, preview_dit_config
     from dit_service.settings import DiTSettings
     from servicekit.checkpoint import open_checkpoint
@@ -91,7 +91,7 @@ def inprocess(points, guidance: float, repeats: int, device: str, tiny_dir: Path
                 a = time.perf_counter()
                 preview = pipeline.preview(entry)  # ends with the copy to the host: the device work is in
                 b = time.perf_counter()
-                encode_image(preview, fmt)
+                encode_image(preview, fmt, png_level=PREVIEW_PNG_COMPRESS_LEVEL)  # as the engine encodes previews
                 c = time.perf_counter()
                 timings[fmt]["pixels"].append((b - a) * 1e3)
                 timings[fmt]["encode"].append((c - b) * 1e3)
