@@ -144,6 +144,12 @@ def test_a_call_that_got_an_answer_is_never_run_again(replicas):
             assert a.calls + b.calls == calls + 1
 
 
+def test_a_dns_target_reaches_every_replica_the_name_resolves_to(replicas):
+    a, _ = replicas
+    with grpc.insecure_channel(f"dns:///localhost:{a.port}", options=channels.channel_options()) as channel:
+        assert _answered_by(ar_pb2_grpc.ImageGeneratorStub(channel)) == "a"
+
+
 def test_a_call_longer_than_the_connection_age_finishes_and_the_channel_reconnects():
     replica = Replica("aged", max_connection_age_s=0.5, max_connection_age_grace_s=30)
     replica.mode = "slow"
