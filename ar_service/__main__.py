@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
         settings.max_workers,
         tls=ServerTLS(settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file),
         max_concurrent_streams=settings.max_concurrent_streams,
+        max_connection_age_s=settings.max_connection_age_s,
+        max_connection_age_grace_s=settings.max_connection_age_grace_s,
     )
     running.servicer.log_prompts = settings.log_prompts
     running.server.start()

@@ -253,6 +253,8 @@ def build_server(
     *,
     tls: ServerTLS | None = None,
     max_concurrent_streams: int = channels.DEFAULT_MAX_CONCURRENT_STREAMS,
+    max_connection_age_s: float = channels.DEFAULT_MAX_CONNECTION_AGE_S,
+    max_connection_age_grace_s: float = channels.DEFAULT_MAX_CONNECTION_AGE_GRACE_S,
 ) -> RunningServer:
     """A bound, not yet started server reporting NOT_SERVING until ``set_serving(True)``."""
     return build_grpc_server(
@@ -263,6 +265,9 @@ def build_server(
         host,
         port,
         max_workers,
-        channels.server_options(max_concurrent_streams),
+        channels.server_options(
+            max_concurrent_streams, max_connection_age_s=max_connection_age_s,
+            max_connection_age_grace_s=max_connection_age_grace_s,
+        ),
         tls,
     )

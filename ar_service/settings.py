@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from servicekit.settings import ModelServiceSettings
+from servicekit.settings import GrpcTarget, ModelServiceSettings
 
 
 class ARSettings(ModelServiceSettings):
@@ -21,7 +21,11 @@ class ARSettings(ModelServiceSettings):
         False, description="random AR weights built on the device (benchmarks): the directory needs no safetensors"
     )
     model_id: str | None = Field(None, description="served model name (default: the model directory's name)")
-    dit_address: str = Field("127.0.0.1:50052", description="dit_service's host:port")
+    dit_address: GrpcTarget = Field(
+        "127.0.0.1:50052",
+        description="dit_service's gRPC target: host:port, dns:///name:port or ipv4:host:port,host:port (replicas: "
+        "each Render goes to the next one serving)",
+    )
     device: str = Field("auto", description="cpu, cuda, cuda:N or auto (CUDA when present)")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="model dtype (auto: bfloat16 on CUDA, float32 on CPU)"

@@ -6,9 +6,9 @@ Usage (one GPU): ``python -m bench.preview_cost --out $OUT/preview_cost.json [--
    denoise step replayed from CUDA graphs as dit_service runs it, renders one image per point (``--points``, size:steps,
    guidance on every step) and times the render (denoise + VAE decode + PNG encode). Then, on the latents of the middle
    step, it times one preview as dit_service makes it (``DiTPipeline.preview``: the latent-to-RGB map, upsampling,
-   copy to the host; then the encode, at the engine's preview PNG level), ``--repeats`` times, in PNG and JPEG. It reports the medians, one preview's
-   share of the render (the target: below 5%), three previews' share, the one-off fit of the map, and the VAE decode
-   a preview avoids.
+   copy to the host; then the encode, at the engine's preview PNG level), ``--repeats`` times, in PNG and JPEG. It
+   reports the medians, one preview's share of the render (the target: below 5%), three previews' share, the one-off
+   fit of the map, and the VAE decode a preview avoids.
 2. Unless ``--no-stack``: the three services (bench/services.py, Preview-shaped, random weights), one unstreamed
    request, then the same request streamed with ``partial_images`` 3: seconds to the response headers, to the first
    byte of the body (the ``ardit.started`` comment), to the first progress comment, to each partial image and image, to

@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
         settings.max_workers,
         tls=ServerTLS(settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file),
         max_concurrent_streams=settings.max_concurrent_streams,
+        max_connection_age_s=settings.max_connection_age_s,
+        max_connection_age_grace_s=settings.max_connection_age_grace_s,
         # a Render message is a header or one chunk: a little over the largest chunk is all it needs
         max_receive_message_bytes=settings.max_chunk_bytes + 1024 * 1024,
     )

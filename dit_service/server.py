@@ -225,6 +225,8 @@ def build_server(
     *,
     tls: ServerTLS | None = None,
     max_concurrent_streams: int = channels.DEFAULT_MAX_CONCURRENT_STREAMS,
+    max_connection_age_s: float = channels.DEFAULT_MAX_CONNECTION_AGE_S,
+    max_connection_age_grace_s: float = channels.DEFAULT_MAX_CONNECTION_AGE_GRACE_S,
     max_receive_message_bytes: int = channels.MAX_MESSAGE_BYTES,
 ) -> RunningServer:
     """A bound, not yet started server reporting NOT_SERVING until ``set_serving(True)``."""
@@ -236,6 +238,8 @@ def build_server(
         host,
         port,
         max_workers,
-        channels.server_options(max_concurrent_streams, max_receive_message_bytes),
+        channels.server_options(
+            max_concurrent_streams, max_receive_message_bytes, max_connection_age_s, max_connection_age_grace_s
+        ),
         tls,
     )

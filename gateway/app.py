@@ -190,7 +190,7 @@ async def _collect(call: Any) -> tuple[list[common_pb2.GeneratedImage], ar_pb2.G
     return images, completed
 
 
-async def _health_status(channel: grpc.aio.Channel) -> str:
+async def _check(channel: grpc.aio.Channel) -> str:
     try:
         reply = await health_pb2_grpc.HealthStub(channel).Check(
             health_pb2.HealthCheckRequest(service=""), timeout=HEALTH_TIMEOUT_S
@@ -202,6 +202,13 @@ async def _health_status(channel: grpc.aio.Channel) -> str:
             return "SERVICE_UNKNOWN"
         return "UNKNOWN"  # e.g. UNIMPLEMENTED: something answers, but not grpc.health.v1
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+async def _health_status(channel: grpc.aio.Channel, probe: grpc.aio.Channel) -> str:
+    """SERVING when any replica serves (the health-checked channel reaches only those); otherwise what a replica
+    says through a channel that also reaches NOT_SERVING ones (e.g. NOT_SERVING while loading), or UNREACHABLE."""
+    status = await _check(channel)
+    return status if status == "SERVING" else await _check(probe)
 
 
 # -- the app -----------------------------------------------------------------------------------
@@ -217,19 +224,24 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Requests (and /health) go through health-checked channels: round_robin over the replicas that serve.
+        # The probes reach every replica, NOT_SERVING ones too, for /health to say why none serves.
         interceptors = tracing.aio_interceptors()  # None unless tracing is on: calls carry the W3C traceparent
         ar_channel = open_aio_channel(settings.ar_address, tls, channels.channel_options(), interceptors)
         dit_channel = open_aio_channel(settings.dit_address, tls, channels.channel_options(), interceptors)
+        probes = [open_aio_channel(target, tls, channels.channel_options(health_checked=False))
+                  for target in (settings.ar_address, settings.dit_address)]
         app.state.ar_channel = ar_channel
         app.state.dit_channel = dit_channel
+        app.state.probes = probes
         app.state.generator = ar_pb2_grpc.ImageGeneratorStub(ar_channel)
         sweeping = asyncio.ensure_future(stored_images.sweep_forever(app.state.image_store))
         try:
             yield
         finally:
             sweeping.cancel()
-            await ar_channel.close()
-            await dit_channel.close()
+            for channel in (ar_channel, dit_channel, *probes):
+                await channel.close()
 
     app = FastAPI(
         title="ardit gateway",
@@ -315,8 +327,10 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 
     @app.get("/health", responses=schemas.HEALTH_RESPONSES)
     async def health(request: Request) -> JSONResponse:
+        ar_probe, dit_probe = request.app.state.probes
         ar, dit = await asyncio.gather(
-            _health_status(request.app.state.ar_channel), _health_status(request.app.state.dit_channel)
+            _health_status(request.app.state.ar_channel, ar_probe),
+            _health_status(request.app.state.dit_channel, dit_probe),
         )
         ok = ar == dit == "SERVING"
         return JSONResponse({"status": "ok" if ok else "unavailable", "ar": ar, "dit": dit}, status_code=200 if ok else 503)

@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from servicekit.settings import ServiceSettings
+from servicekit.settings import GrpcTarget, ServiceSettings
 
 
 class GatewaySettings(ServiceSettings):
@@ -15,8 +15,14 @@ class GatewaySettings(ServiceSettings):
 
     host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0 in a container)")
     port: int = Field(8000, ge=0, le=65535, description="HTTP port")
-    ar_address: str = Field("127.0.0.1:50051", description="ar_service's host:port (ImageGenerator)")
-    dit_address: str = Field("127.0.0.1:50052", description="dit_service's host:port (health checks only)")
+    ar_address: GrpcTarget = Field(
+        "127.0.0.1:50051",
+        description="ar_service's gRPC target: host:port, dns:///name:port or ipv4:host:port,host:port (replicas: "
+        "each request goes to the next one serving)",
+    )
+    dit_address: GrpcTarget = Field(
+        "127.0.0.1:50052", description="dit_service's gRPC target, as ar_address (health checks only)"
+    )
     request_timeout_s: float = Field(600.0, gt=0, description="deadline of one image request's gRPC call, in seconds")
     sse_keepalive_s: float = Field(
         10.0, gt=0, description="with stream: a keep-alive comment after this many seconds without another event"

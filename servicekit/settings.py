@@ -15,15 +15,22 @@ import types
 import typing
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import Field
+from pydantic import AfterValidator, Field
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+
+from protos.channels import DEFAULT_MAX_CONNECTION_AGE_GRACE_S, DEFAULT_MAX_CONNECTION_AGE_S, check_target
 
 _yaml_values: ContextVar[dict[str, Any] | None] = ContextVar("ardit_yaml_settings", default=None)
 
 S = TypeVar("S", bound="ServiceSettings")
+
+#: Where a service finds the next stage: any gRPC target (host:port, dns:///name:port, ipv4:a:port,b:port).
+GrpcTarget = Annotated[str, AfterValidator(check_target)]
+#: Longest connection age accepted, in seconds (gRPC takes milliseconds in a 32-bit int).
+_MAX_AGE_S = 2_000_000.0
 
 
 class ServiceSettings(BaseSettings):
@@ -54,6 +61,15 @@ class ModelServiceSettings(ServiceSettings):
     )
     profile_max_traces: int = Field(
         10, ge=1, description="most traces profile_dir gets per process; later busy periods are not traced (bounds disk use)"
+    )
+    max_connection_age_s: float = Field(
+        DEFAULT_MAX_CONNECTION_AGE_S, ge=0, le=_MAX_AGE_S,
+        description="close each client connection after this long (0 = never), so that clients resolve the "
+        "service's name again and spread over replicas that came or went",
+    )
+    max_connection_age_grace_s: float = Field(
+        DEFAULT_MAX_CONNECTION_AGE_GRACE_S, ge=0, le=_MAX_AGE_S,
+        description="calls still running on a connection past max_connection_age_s get this long to finish",
     )
 
 

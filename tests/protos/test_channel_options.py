@@ -11,12 +11,16 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from protos import channels
 
 
-def test_retry_policy_retries_only_unavailable_for_the_ardit_services_and_health():
+def test_channels_balance_over_replicas_health_check_them_and_retry_refusals_once():
     options = dict(channels.channel_options())
     config = json.loads(options["grpc.service_config"])
     (method,) = config["methodConfig"]
     assert {name["service"] for name in method["name"]} == {"ardit.v1.ImageGenerator", "ardit.v1.Renderer", "grpc.health.v1.Health"}
-    assert method["retryPolicy"]["retryableStatusCodes"] == ["UNAVAILABLE"]
+    assert method["retryPolicy"]["retryableStatusCodes"] == ["UNAVAILABLE", "RESOURCE_EXHAUSTED"]
+    assert method["retryPolicy"]["maxAttempts"] == 2
+    assert config["loadBalancingConfig"] == [{"round_robin": {}}]
+    assert config["healthCheckConfig"] == {"serviceName": ""}
+    assert "healthCheckConfig" not in json.loads(dict(channels.channel_options(health_checked=False))["grpc.service_config"])
     assert options["grpc.enable_retries"] == 1
     assert options["grpc.keepalive_time_ms"] > 0 and options["grpc.max_reconnect_backoff_ms"] <= 1000
 
