@@ -1,7 +1,7 @@
 """The gRPC transport: ar_service's ImageGenerator (ListModels, StreamImage), straight past the gateway.
 
 StreamImage sends a progress event per grid row of the AR and per denoising step of the DiT, each image as it
-is done, partial images when the contract has them and they were asked for, then a summary.
+is done, partial images when they were asked for, then a summary.
 """
 
 from __future__ import annotations
@@ -67,10 +67,7 @@ class GrpcClient:
             message.seed = request.seed
         if request.output_compression is not None:
             message.output_compression = request.output_compression
-        if request.partial_images:
-            if "partial_images" not in message.DESCRIPTOR.fields_by_name:
-                raise CLIError("this ardit's gRPC contract has no partial images; leave --partial-images out")
-            message.partial_images = request.partial_images
+        message.partial_images = request.partial_images
         return message
 
     @staticmethod

@@ -2,8 +2,7 @@
 
 Two bars, each over all n images: the AR's grid rows and the DiT's denoising steps, fed by the progress events
 (StreamImage over gRPC, ``: ardit.progress`` comments of a streaming gateway); on a stream that is not a terminal,
-plain lines (``AR rows: 8/8``) instead. Without progress events (a gateway that does not stream), a line counts
-the seconds until the images arrive.
+plain lines (``AR rows: 8/8``) instead.
 """
 
 from __future__ import annotations
@@ -55,22 +54,6 @@ class ConsoleReporter:
         self._stop = threading.Event()
 
     # -- Reporter --------------------------------------------------------------------------------
-
-    def waiting(self) -> None:
-        if not self.show_progress:
-            return
-        if not self.interactive:
-            print("generating (the gateway sends no progress)", file=self.stream, flush=True)
-            return
-        bar = tqdm(desc="generating (the gateway sends no progress)", bar_format="{desc}: {elapsed}", file=self.stream)
-        self.bars["waiting"] = bar
-
-        def tick() -> None:
-            while not self._stop.wait(0.5):
-                bar.refresh()
-
-        self._ticker = threading.Thread(target=tick, name="ardit-cli-ticker", daemon=True)
-        self._ticker.start()
 
     def progress(self, index: int, stage: str, step: int, total: int) -> None:
         if not self.show_progress or stage not in STAGE_LABELS:

@@ -28,7 +28,6 @@ class ImageRequest:
 class Reporter(Protocol):
     """Receives what a transport learns while the request runs (progress/reporter.py draws and writes it)."""
 
-    def waiting(self) -> None: ...  # no progress will come (a gateway that does not stream): show that it works
 
     def progress(self, index: int, stage: str, step: int, total: int) -> None: ...
 

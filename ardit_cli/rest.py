@@ -1,9 +1,7 @@
 """The REST transport: the gateway's OpenAI-compatible API (``GET /v1/models``, ``POST /v1/images/generations``).
 
 With ``stream: true`` the gateway answers server-sent events: OpenAI's ``image_generation.partial_image`` and
-``image_generation.completed`` events, and ardit's progress as SSE comments (``: ardit.progress {json}``). A
-gateway that does not stream answers 400 naming ``stream``; the request is then sent again without it, and the
-command line shows that it waits instead of a progress bar.
+``image_generation.completed`` events, and ardit's progress as SSE comments (``: ardit.progress {json}``).
 """
 
 from __future__ import annotations
@@ -53,15 +51,7 @@ class RestClient:
                 response.read()
         except httpx.HTTPError as exc:
             raise CLIError(f"the request to the gateway at {self.url} failed: {exc}") from None
-        if not _refuses_streaming(response):
-            raise CLIError(_error_text(response))
-        reporter.waiting()
-        response = self._send("POST", "/v1/images/generations", json=body)
-        answer = response.json()
-        width, height = (int(side) for side in answer["size"].split("x"))
-        for index, item in enumerate(answer["data"]):
-            reporter.image(index, item["seed"], base64.b64decode(item["b64_json"]), width, height)
-        reporter.completed(answer.get("request_id", ""), answer.get("seed", 0), answer.get("timings", {}))
+        raise CLIError(_error_text(response))
 
     def _read_stream(self, response: httpx.Response, request: ImageRequest, reporter: Reporter) -> None:
         completed = False
@@ -120,14 +110,6 @@ def _sse(lines: Iterator[str]) -> Iterator[tuple[str, Any]]:
             event = value
         elif field == "data":
             data.append(value)
-
-
-def _refuses_streaming(response: httpx.Response) -> bool:
-    try:
-        error = response.json()["error"]
-    except (ValueError, KeyError, TypeError):
-        return False
-    return response.status_code == 400 and error.get("param") in ("stream", "partial_images")
 
 
 def _param_text(error: dict[str, Any]) -> str:

@@ -100,6 +100,13 @@ class ImageGenerationRequest(BaseModel):
                 "output_compression",
                 "unsupported_value",
             )
+        if self.partial_images and not self.stream:
+            raise APIError(
+                400,
+                "partial_images applies to streamed requests only; send stream=true, or leave partial_images out",
+                "partial_images",
+                "unsupported_value",
+            )
 
 
 class ImageData(BaseModel):

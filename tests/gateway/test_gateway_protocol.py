@@ -42,6 +42,8 @@ OK = {"prompt": "a red fox in the snow"}
         ({**OK, "stream": True, "partial_images": 4}, "partial_images", "3"),
         ({**OK, "stream": True, "partial_images": -1}, "partial_images", "0"),
         ({**OK, "stream": True, "partial_images": "2"}, "partial_images", "integer"),
+        ({**OK, "partial_images": 2}, "partial_images", "stream=true"),
+        ({**OK, "stream": False, "partial_images": 1}, "partial_images", "stream=true"),
         ({**OK, "seed": -1}, "seed", "0"),
         ({**OK, "seed": 2**63}, "seed", "9223372036854775807"),
         ({**OK, "seed": "7"}, "seed", "integer"),
