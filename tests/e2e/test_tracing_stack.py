@@ -82,7 +82,12 @@ def test_one_request_is_one_connected_trace_across_the_three_processes(tiny_mode
     assert stream.attributes["ardit.request_id"] == request_id and stream.attributes["ardit.n"] == 2
 
     ar_children = [s for s in request if s.parent_span_id == stream.span_id]
-    assert sorted(s.name for s in ar_children) == ["ar.decode"] * 2 + ["ar.prefill"] * 2 + ["ar.render"] * 2, tree
+    # Per image a prefill, a decode and a render; once per request the negative prompt's prefill (the model's default
+    # negative prompt, as guidance is on).
+    assert sorted(s.name for s in ar_children) == ["ar.decode"] * 2 + ["ar.prefill"] * 3 + ["ar.render"] * 2, tree
+    prefills = [s for s in ar_children if s.name == "ar.prefill"]
+    assert sorted(str(s.attributes.get("ardit.image_index", s.attributes.get("ardit.prompt"))) for s in prefills) == [
+        "0", "1", "negative"], tree
     assert all(s.service == "ardit-ar" for s in ar_children)
     renders = {s.attributes["ardit.image_index"]: s for s in ar_children if s.name == "ar.render"}
     assert set(renders) == {0, 1} and all(s.kind == CLIENT for s in renders.values())
