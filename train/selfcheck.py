@@ -17,6 +17,7 @@ from train import architecture
 from train.detect import detect
 from train.shapes import IMAGE_SIZE, examples, split_scenes
 from train.stages import grid
+from train.visual_tokens import grid_token_ids, scene_codes
 
 DEFAULT_STEPS = MAMMOTHMODA2_KNOBS.by_name["num_inference_steps"].default
 DEFAULT_GUIDANCE = MAMMOTHMODA2_KNOBS.by_name["text_guidance_scale"].default
@@ -30,26 +31,43 @@ def scramble_rows(text: torch.Tensor, image: torch.Tensor, seed: int) -> tuple[t
     return rows[: text.shape[0]], rows[text.shape[0] :]
 
 
+CheckConfig = tuple[int, float, bool]  # (steps, guidance, scramble)
+DEFAULT_CHECKS: tuple[CheckConfig, ...] = (
+    (DEFAULT_STEPS, DEFAULT_GUIDANCE, False), (DEFAULT_STEPS, DEFAULT_GUIDANCE, True),
+    (20, 3.0, False), (50, 3.0, False), (20, 5.0, False),
+)
+
+
 @torch.no_grad()
-def held_out_accuracy(ar, pipeline, count: int, scramble: bool, steps: int = DEFAULT_STEPS,
-                      guidance: float = DEFAULT_GUIDANCE, budget_s: float = 60.0, seed: int = 0) -> dict:
+def held_out_accuracy(ar, pipeline, count: int, checks: tuple[CheckConfig, ...] = DEFAULT_CHECKS,
+                      budget_s: float = 60.0, seed: int = 0) -> list[dict]:
+    """One score line per (steps, guidance, scramble); each caption's grid is decoded once and rendered per line.
+    ``grid_*``: the AR's greedy grid against the scene's own codes (cells right, whole grid right)."""
     tokenizer = build_tokenizer()
     _, held = split_scenes()
     g = grid()
     t2i = architecture.t2i()
     empty = torch.zeros(0, ar.config.hidden_size)
-    totals = {"background": 0, "shape": 0, "colour": 0, "position": 0, "all": 0}
+    keys = ("grid_cells", "grid_exact", "background", "shape", "colour", "position", "all")
+    totals = [dict.fromkeys(keys, 0.0) for _ in checks]
     done, start = 0, time.monotonic()
     for i, ex in enumerate(examples(held, count, seed=random.Random(seed).randrange(2**31))):
         if time.monotonic() - start > budget_s:
             break
         result = generate_grid(ar, prompt_ids_for(tokenizer, ex.caption, g), g, t2i, SamplingParams(temperature=0.0), seed + i)
-        text, image = result.text_condition, result.image_condition
-        if scramble:
-            text, image = scramble_rows(text, image, seed + i)
-        latents = pipeline.render_latents(text, image, empty, IMAGE_SIZE, IMAGE_SIZE, seed + i, steps, guidance).latents
-        for key, ok in detect(pipeline.decode(latents)).scores(ex.scene).items():
-            totals[key] += int(ok)
+        truth = grid_token_ids(scene_codes(ex.scene, architecture.SERVING.pixels_per_token), t2i.visual_token_start_id,
+                               t2i.eol_token_id)
+        cells = sum(a == b for a, b in zip(result.token_ids, truth, strict=False)) / len(truth)
+        for total, (steps, guidance, scramble) in zip(totals, checks, strict=True):
+            text, image = result.text_condition, result.image_condition
+            if scramble:
+                text, image = scramble_rows(text, image, seed + i)
+            latents = pipeline.render_latents(text, image, empty, IMAGE_SIZE, IMAGE_SIZE, seed + i, steps, guidance).latents
+            total["grid_cells"] += cells
+            total["grid_exact"] += int(result.token_ids[: len(truth)] == truth)
+            for key, ok in detect(pipeline.decode(latents)).scores(ex.scene).items():
+                total[key] += int(ok)
         done += 1
-    return {"images": done, "steps": steps, "guidance": guidance, "scrambled": scramble,
-            **{k: round(v / max(done, 1), 3) for k, v in totals.items()}}
+    return [{"images": done, "steps": steps, "guidance": guidance, "scrambled": scramble,
+             **{k: round(v / max(done, 1), 3) for k, v in total.items()}}
+            for total, (steps, guidance, scramble) in zip(totals, checks, strict=True)]

@@ -196,7 +196,9 @@ class Attention(nn.Module):
                 )
                  for a, n in segments], dim=2,
             )
-        elif b == 1 and lengths[0] == s:
+        elif (b == 1 or q.is_cuda) and all(n == s for n in lengths):
+            # Every row valid: one call for the batch (the CPU keeps one call per sample, see below; CUDA's default
+            # mode promises no batch invariance, and the deterministic mode renders each image alone).
             out = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
         else:
             # Each sample attends over its own valid rows only (the reference's varlen path), so neither padding
@@ -442,7 +444,11 @@ class MammothDiT(nn.Module):
         cap_pos = torch.arange(cond_rows, device=device)[None, :, None].expand(b, cond_rows, 3)
         rows = torch.arange(gh, device=device).repeat_interleave(gw)
         cols = torch.arange(gw, device=device).repeat(gh)
-        shift = torch.stack([torch.full((n_img,), n, device=device) for n in lengths])
+        same_length = len(set(lengths)) == 1
+        if same_length:
+            shift = torch.full((b, n_img), lengths[0], device=device)
+        else:
+            shift = torch.stack([torch.full((n_img,), n, device=device) for n in lengths])
         img_pos = torch.stack([shift, rows.expand(b, -1), cols.expand(b, -1)], dim=-1)
         cap_cos, cap_sin = rope_tables(cap_pos, self.axes_dim_rope)
         img_cos, img_sin = rope_tables(img_pos, self.axes_dim_rope)
@@ -472,14 +478,17 @@ class MammothDiT(nn.Module):
                 x[i, :n], x[i, n : n + n_img] = cond[i, :n], img[i, :n_img]
                 cos[i, :n], cos[i, n : n + n_img] = cap_cos[i, :n], img_cos[i]
                 sin[i, :n], sin[i, n : n + n_img] = cap_sin[i, :n], img_sin[i]
-        if self.pack_samples and b > 1:
+        if self.pack_samples and b > 1 and len(set(seq_lengths)) > 1:  # equal lengths: no padding to leave out
             x = self._packed_layers(x, cos, sin, seq_lengths, temb)
         else:
             for layer in self.layers:
                 x = layer(x, cos, sin, seq_lengths, temb)
 
         x = self.norm_out(x, temb)
-        out = torch.stack([x[i, n : n + n_img] for i, n in enumerate(lengths)])
+        if same_length:
+            out = x[:, lengths[0] : lengths[0] + n_img]
+        else:
+            out = torch.stack([x[i, n : n + n_img] for i, n in enumerate(lengths)])
         return self._unpatchify(out, h, w)
 
 
