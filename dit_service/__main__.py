@@ -40,10 +40,10 @@ def main(argv: list[str] | None = None) -> NoReturn:
 
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
-    checkpoint = open_checkpoint(settings.model_dir, require_weights=not settings.random_weights)
     device = pick_device(settings.device)
     dtype = pick_dtype(settings.dtype, device)
     check_device(settings.quantization, device, dtype)
+    checkpoint = open_checkpoint(settings.model_dir, require_weights=not settings.random_weights)
     from servicekit.lifecycle import exit_process, install_stop_signals, stop_gracefully
     from servicekit.tls import ServerTLS
 
