@@ -76,7 +76,7 @@ def _resolve_decode_kernels(setting: str, device: torch.device, slots: int, dtyp
     if slots > decode_kernels.MAX_ROWS:
         log.info("decode kernels: torch (%d slots; the triton kernels take at most %d)", slots, decode_kernels.MAX_ROWS)
         return "torch"
-    error = decode_kernels.probe(device, dtype, fp8)
+    error = decode_kernels.probe(device, dtype, fp8=True) if fp8 else decode_kernels.probe(device, dtype)
     if error is not None:
         log.warning("decode kernels: torch (the triton kernels failed on %s: %s)", device, error)
         return "torch"
@@ -128,11 +128,18 @@ def _post_attention(x, attn, ow, norm_w, eps: float, gate_up_w, dw, scales=None)
     return x + _linear(F.silu(gate) * up, dw, None, down_s)
 
 
+def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """torch.cat, for e4m3 tensors too (concatenated as their bytes)."""
+    if tensors[0].dtype != torch.float8_e4m3fn:
+        return torch.cat(tensors)
+    return torch.cat([t.view(torch.uint8) for t in tensors]).view(torch.float8_e4m3fn)
+
+
 def _fuse(modules: list[torch.nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Concatenates the weights (and biases, and FP8 scales) of linears that read the same input, and re-points
     each module's parameters at its rows of the result: one matmul instead of several, no extra memory, eager
     paths unchanged. Returns (weight, bias or None, per-row scales or None)."""
-    weight = torch.cat([m.weight.detach() for m in modules])
+    weight = _cat([m.weight.detach() for m in modules])
     has_bias = [m.bias is not None for m in modules]
     bias = torch.cat([m.bias.detach() for m in modules]) if all(has_bias) else None
     scaled = [getattr(m, "weight_scale", None) is not None for m in modules]
