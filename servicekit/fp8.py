@@ -156,13 +156,11 @@ class FP8Linear(nn.Module):
 def shared_input(x: torch.Tensor, *linears: nn.Module) -> list[torch.Tensor]:
     """Each of ``linears`` applied to ``x``; when they are all dynamic FP8 linears of the same input width, the
     input is quantized once for all of them."""
-    first = linears[0]
-    if not all(isinstance(m, FP8Linear) and m.activations == "dynamic" for m in linears) or \
-            len({m.weight.shape[1] for m in linears}) != 1:
+    fp8 = [m for m in linears if isinstance(m, FP8Linear) and m.activations == "dynamic"]
+    if len(fp8) != len(linears) or len({m.weight.shape[1] for m in fp8}) != 1:
         return [m(x) for m in linears]
-    assert isinstance(first, FP8Linear)
-    xq, scale = first.quantize_input(x)
-    return [m.forward_quantized(xq, scale, x.shape[:-1]) for m in linears]  # type: ignore[union-attr]
+    xq, scale = fp8[0].quantize_input(x)
+    return [m.forward_quantized(xq, scale, x.shape[:-1]) for m in fp8]
 
 
 def quantize_linears_(

@@ -135,7 +135,7 @@ def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([t.view(torch.uint8) for t in tensors]).view(torch.float8_e4m3fn)
 
 
-def _fuse(modules: list[torch.nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+def _fuse(modules: list) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Concatenates the weights (and biases, and FP8 scales) of linears that read the same input, and re-points
     each module's parameters at its rows of the result: one matmul instead of several, no extra memory, eager
     paths unchanged. Returns (weight, bias or None, per-row scales or None)."""
