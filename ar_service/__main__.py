@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     from protos.knobs import FAMILIES
     from servicekit.checkpoint import open_checkpoint
     from servicekit.devices import pick_device, pick_dtype
+    from servicekit.fp8 import check_device
     from servicekit.profiling import make_profiler
 
     if settings.deterministic:
@@ -40,9 +41,10 @@ def main(argv: list[str] | None = None) -> NoReturn:
 
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts: before any CUDA work
         torch.use_deterministic_algorithms(True)
-    checkpoint = open_checkpoint(settings.model_dir, require_weights=not settings.random_weights)
     device = pick_device(settings.device)
     dtype = pick_dtype(settings.dtype, device)
+    check_device(settings.quantization, device, dtype)
+    checkpoint = open_checkpoint(settings.model_dir, require_weights=not settings.random_weights)
     from servicekit.lifecycle import exit_process, install_stop_signals, stop_gracefully
     from servicekit.tls import ClientTLS, ServerTLS
 
@@ -58,12 +60,14 @@ def main(argv: list[str] | None = None) -> NoReturn:
     running.servicer.log_prompts = settings.log_prompts
     running.server.start()
     log.info(
-        "ar_service listening on %s:%d, loading %s on %s (%s%s)",
+        "ar_service listening on %s:%d, loading %s on %s (%s%s%s)",
         settings.host, running.port, checkpoint.root, device, dtype, ", random weights" if settings.random_weights else "",
+        ", fp8 weights" if settings.quantization == "fp8" else "",
     )
     try:
         load_started = time.perf_counter()
-        loaded = load_ar(checkpoint, device=device, dtype=dtype, random_weights=settings.random_weights)
+        loaded = load_ar(checkpoint, device=device, dtype=dtype, random_weights=settings.random_weights,
+                         quantization=settings.quantization)
     except BaseException:
         running.server.stop(0)
         raise
@@ -86,7 +90,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
         compile_decode=settings.compile_decode and device.type == "cuda",
         compile_decode_mode=settings.compile_decode_mode,
         decode_kernels=resolve_decode_kernels(
-            settings.decode_kernels, device, ROWS_PER_IMAGE * settings.max_batch_size, dtype
+            settings.decode_kernels, device, ROWS_PER_IMAGE * settings.max_batch_size, dtype,
+            fp8=settings.quantization == "fp8",
         ),
         decode_lookahead=settings.decode_lookahead,
         deterministic=settings.deterministic,

@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     from protos.knobs import FAMILIES
     from servicekit.checkpoint import open_checkpoint
     from servicekit.devices import pick_device, pick_dtype
+    from servicekit.fp8 import check_device
     from servicekit.profiling import make_profiler
 
     if settings.deterministic:
@@ -39,9 +40,10 @@ def main(argv: list[str] | None = None) -> NoReturn:
 
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
-    checkpoint = open_checkpoint(settings.model_dir, require_weights=not settings.random_weights)
     device = pick_device(settings.device)
     dtype = pick_dtype(settings.dtype, device)
+    check_device(settings.quantization, device, dtype)
+    checkpoint = open_checkpoint(settings.model_dir, require_weights=not settings.random_weights)
     from servicekit.lifecycle import exit_process, install_stop_signals, stop_gracefully
     from servicekit.tls import ServerTLS
 
@@ -58,12 +60,14 @@ def main(argv: list[str] | None = None) -> NoReturn:
     )
     running.server.start()
     log.info(
-        "dit_service listening on %s:%d, loading %s on %s (%s)%s", settings.host, running.port, checkpoint.root, device,
-        dtype, " with random weights" if settings.random_weights else "",
+        "dit_service listening on %s:%d, loading %s on %s (%s%s)%s", settings.host, running.port, checkpoint.root,
+        device, dtype, ", fp8 matmuls" if settings.quantization == "fp8" else "",
+        " with random weights" if settings.random_weights else "",
     )
     load_started = time.perf_counter()
     try:
         pipeline = DiTPipeline.from_checkpoint(checkpoint, device=device, dtype=dtype, random_weights=settings.random_weights)
+        pipeline.quantize(settings.quantization)
         pipeline.use_cuda_graphs(settings.cuda_graphs)
         if settings.warm_up:
             log.info("dit_service warmed up in %.1f s", pipeline.warm_up())

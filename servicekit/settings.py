@@ -15,7 +15,7 @@ import types
 import typing
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import AfterValidator, Field
@@ -70,6 +70,12 @@ class ModelServiceSettings(ServiceSettings):
     max_connection_age_grace_s: float = Field(
         DEFAULT_MAX_CONNECTION_AGE_GRACE_S, ge=0, le=_MAX_AGE_S,
         description="calls still running on a connection past max_connection_age_s get this long to finish",
+    )
+    quantization: Literal["none", "fp8"] = Field(
+        "none",
+        description="fp8: hold the model's large linear layers in e4m3 with per-output-channel scales, quantized at "
+        "load from the bf16 checkpoint (the AR: weight-only, in its decode kernels; the DiT: fp8 matmuls with per-token "
+        "activation scales); needs a CUDA GPU of compute capability 8.9 or later (start-up refuses it elsewhere)",
     )
 
 

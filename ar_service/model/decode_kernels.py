@@ -65,16 +65,18 @@ if available:
 
     @triton.jit
     def _linear_kernel(
-        x_ptr, w_ptr, out_ptr, bias_ptr, res_ptr, norm_ptr, squares_in_ptr, squares_out_ptr,
+        x_ptr, w_ptr, out_ptr, bias_ptr, res_ptr, norm_ptr, squares_in_ptr, squares_out_ptr, scale_ptr,
         M, N, K, stride_x, stride_w, stride_out, stride_res, stride_squares_in, stride_squares_out, parts, eps,
-        BIAS: tl.constexpr, RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr, NORM: tl.constexpr,
+        BIAS: tl.constexpr, RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr, NORM: tl.constexpr, W_SCALE: tl.constexpr,
         SQUARES_OUT: tl.constexpr, PARTS_BLOCK: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ):
         """out[:M, n] = f(x @ W[n]^T): N output columns per row; with SWIGLU, W holds N gate rows then N up rows and
         out = silu(gate) * up. NORM: x is RMS-normalised first, from the per-row partial sums of squares its
         producer left (``parts`` of them): norm(x) W^T = rstd * ((x * norm_weight) W^T). SQUARES_OUT: this
-        program's partial sum of squares of its output columns goes to column ``program_id`` of squares_out."""
+        program's partial sum of squares of its output columns goes to column ``program_id`` of squares_out.
+        W_SCALE: W holds e4m3 values with one float32 scale per row (output channel) at scale_ptr: each tile is
+        widened to x's dtype for the dot, and the float32 accumulator is multiplied by the column's scale."""
         dtype = out_ptr.dtype.element_ty
         rm = tl.arange(0, BLOCK_M)
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -95,10 +97,18 @@ if available:
             if NORM:
                 x = x * tl.load(norm_ptr + kk, mask=k_ok, other=0.0)[None, :]
             w = tl.load(w_ptr + rn[:, None] * stride_w + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            if W_SCALE:
+                w = w.to(x.dtype)
             acc = tl.dot(x, tl.trans(w), acc)
             if SWIGLU:
                 w_up = tl.load(w_ptr + (rn + N)[:, None] * stride_w + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+                if W_SCALE:
+                    w_up = w_up.to(x.dtype)
                 acc_up = tl.dot(x, tl.trans(w_up), acc_up)
+        if W_SCALE:
+            acc = acc * tl.load(scale_ptr + rn, mask=n_ok, other=0.0)[None, :]
+            if SWIGLU:
+                acc_up = acc_up * tl.load(scale_ptr + N + rn, mask=n_ok, other=0.0)[None, :]
         if NORM:
             acc = acc * rstd[:, None]
             acc_up = acc_up * rstd[:, None]
@@ -253,6 +263,7 @@ def linear(
     swiglu: bool = ...,
     emit_squares: Literal[False] = ...,
     blocks: tuple[int, int, int, int] | None = ...,
+    scale: torch.Tensor | None = ...,
 ) -> torch.Tensor: ...
 
 
@@ -268,6 +279,7 @@ def linear(
     swiglu: bool = ...,
     emit_squares: Literal[True],
     blocks: tuple[int, int, int, int] | None = ...,
+    scale: torch.Tensor | None = ...,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
@@ -282,6 +294,7 @@ def linear(
     swiglu: bool = False,
     emit_squares: bool = False,
     blocks: tuple[int, int, int, int] | None = None,
+    scale: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``x`` [M, K] (M <= 16) through an [N, K] weight with the folded extras: ``bias``, ``swiglu`` (weight = gate
     rows then up rows: the result is silu(gate) * up, N/2 wide) and ``residual`` added to the result.
@@ -289,13 +302,17 @@ def linear(
     ``norm`` (RMSNorm weight, eps) normalises the input first: in its own launch, or, given the ``squares`` that
     the linear which produced ``x`` emitted, inside this one. ``emit_squares``: also return the per-row partial
     sums of squares of the result (float32 [16, programs]) for the next linear's norm. A row's sum is always
-    taken in the same order, whatever the other rows. ``blocks`` overrides ``linear_blocks`` (for tuning)."""
+    taken in the same order, whatever the other rows. ``blocks`` overrides ``linear_blocks`` (for tuning).
+    ``scale``: the weight is FP8 (e4m3, ``servicekit.fp8.quantize_weight``) with these float32 per-row scales [N]
+    (a SwiGLU weight's gate rows, then its up rows); the product is computed in float32 and scaled per column."""
     m, k = x.shape
     n = weight.shape[0] // 2 if swiglu else weight.shape[0]
     if m > MAX_ROWS or weight.shape[1] != k:
         raise ValueError(f"linear takes at most {MAX_ROWS} rows of width {weight.shape[1]}, got {tuple(x.shape)}")
     if squares is not None and norm is None:
         raise ValueError("squares are only read with norm")
+    if (scale is not None) != (weight.dtype == torch.float8_e4m3fn) or (scale is not None and scale.shape != weight.shape[:1]):
+        raise ValueError("an e4m3 weight needs its float32 scales, one per row, and only an e4m3 weight takes them")
     if norm is not None and squares is None:
         x, norm = rms_norm(x, *norm), None
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -304,15 +321,16 @@ def linear(
     squares_out = torch.empty((MAX_ROWS, programs), dtype=torch.float32, device=x.device) if emit_squares else None
     norm_w, eps = norm if norm is not None else (x, 0.0)
     flags = dict(BIAS=bias is not None, RESIDUAL=residual is not None, SWIGLU=swiglu, NORM=norm is not None,
-                 SQUARES_OUT=emit_squares)
+                 SQUARES_OUT=emit_squares, W_SCALE=scale is not None)
     parts = squares.shape[1] if squares is not None else 1
-    key = (x.device, x.dtype, block_n, block_k, warps, stages, *flags.values())
+    key = (x.device, x.dtype, weight.dtype, block_n, block_k, warps, stages, *flags.values())
     stages = _fitting_stages.get(key, stages)
     while True:
         try:
             _linear_kernel[(programs,)](
                 x, weight, out, bias if bias is not None else x, residual if residual is not None else x, norm_w,
                 squares if squares is not None else out, squares_out if squares_out is not None else out,
+                scale if scale is not None else out,
                 m, n, k, x.stride(0), weight.stride(0), out.stride(0), residual.stride(0) if residual is not None else 0,
                 squares.stride(0) if squares is not None else 0, squares_out.stride(0) if squares_out is not None else 0,
                 parts, eps, **flags, PARTS_BLOCK=triton.next_power_of_2(parts),
@@ -386,9 +404,10 @@ def _rows_contiguous(*vectors: torch.Tensor) -> None:
         raise ValueError("positions and slots must be contiguous vectors")
 
 
-def probe(device: torch.device, dtype: torch.dtype) -> Exception | None:
-    """Compiles and runs every kernel once on small tensors of ``dtype`` on ``device``: None when they work, else
-    the error (e.g. a GPU whose Triton backend has no ``dtype`` matrix multiply)."""
+def probe(device: torch.device, dtype: torch.dtype, fp8: bool = False) -> Exception | None:
+    """Compiles and runs every kernel once on small tensors of ``dtype`` on ``device`` (and the linear kernel with
+    FP8 weights when ``fp8``): None when they work, else the error (e.g. a GPU whose Triton backend has no
+    ``dtype`` matrix multiply)."""
     try:
         g = torch.Generator(device="cpu").manual_seed(0)
 
@@ -402,6 +421,13 @@ def probe(device: torch.device, dtype: torch.dtype) -> Exception | None:
         rows = torch.arange(2, device=device)
         q = rope_write(rand(2, (heads + 2 * kv_heads) * d), rand(2, d), rand(2, d), rows + 3, rows, *cache, heads, kv_heads)
         attention(q, *cache, rows + 3, rows, 0.25)
+        if fp8:
+            from servicekit.fp8 import quantize_weight
+
+            gate_up, gate_up_scale = quantize_weight(rand(64, 64))
+            down, down_scale = quantize_weight(rand(64, 32))
+            linear(linear(x, gate_up, norm=(rand(64), 1e-6), swiglu=True, scale=gate_up_scale), down, residual=x,
+                   scale=down_scale)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     except Exception as error:  # any failure means: use the torch kernels

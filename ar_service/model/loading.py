@@ -18,6 +18,7 @@ from transformers import PreTrainedTokenizerFast
 
 from ar_service.model.configuration import ARConfig, ar_config_from_dict
 from ar_service.model.modeling import MammothModa2AR
+from ar_service.model.quantize import quantize_ar_
 from ar_service.model.t2i_config import T2I_CONFIG_NAME, T2IGenerationConfig
 from servicekit.checkpoint import PipelineCheckpoint, open_checkpoint
 
@@ -145,10 +146,12 @@ def load_ar(
     dtype: torch.dtype = torch.float32,
     random_weights: bool = False,
     seed: int = 0,
+    quantization: str = "none",
 ) -> LoadedAR:
     """Config, tokenizer and t2i config from the checkpoint root; weights from its safetensors, or random.
 
     With ``random_weights`` the directory needs only config.json, the tokenizer and the t2i config.
+    ``quantization`` "fp8": the decode path's linears are quantized to e4m3 after loading (``quantize.py``).
     """
     from transformers.utils import logging as transformers_logging
 
@@ -164,6 +167,10 @@ def load_ar(
         model = build_random_ar(config, device, dtype, seed)
     else:
         model = load_ar_weights(checkpoint, config, device, dtype)
+    if quantization == "fp8":
+        quantize_ar_(model)
+    elif quantization != "none":
+        raise ValueError(f"quantization must be 'none' or 'fp8'; got {quantization!r}")
     return LoadedAR(model=model, tokenizer=tokenizer, t2i=t2i, config=config, checkpoint=checkpoint)
 
 

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from ar_service.model import decode_kernels
 from ar_service.model.modeling import KVCache, MammothModa2AR
 from ar_service.sampling import RowSampling, SamplingParams, draw_columns, gumbel_noise, sample_rows
+from servicekit.fp8 import dequantize
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +55,20 @@ def bucket_for(positions: int) -> int:
     return quantum * math.ceil(positions / quantum)
 
 
-def resolve_decode_kernels(setting: str, device: torch.device, slots: int, dtype: torch.dtype) -> str:
+def resolve_decode_kernels(setting: str, device: torch.device, slots: int, dtype: torch.dtype, fp8: bool = False) -> str:
     """The ``decode_kernels`` setting made concrete: auto is triton on a CUDA device when the triton package
     imports, the slots fit one launch (``decode_kernels.MAX_ROWS``) and the kernels compile and run there
-    (``decode_kernels.probe``), else torch."""
+    (``decode_kernels.probe``, with an FP8 weight when ``fp8``), else torch. With FP8 weights the torch kernels
+    dequantize every weight at every step (correct, but slower than bf16): a warning says so."""
+    kernels = _resolve_decode_kernels(setting, device, slots, dtype, fp8)
+    if fp8 and kernels == "torch":
+        log.warning("decode kernels: torch with fp8 weights dequantizes each weight every step (slower than bf16); "
+                    "the triton kernels read fp8 directly (they need CUDA, the triton package and at most %d slots)",
+                    decode_kernels.MAX_ROWS)
+    return kernels
+
+
+def _resolve_decode_kernels(setting: str, device: torch.device, slots: int, dtype: torch.dtype, fp8: bool) -> str:
     if setting != "auto":
         return setting
     if device.type != "cuda" or not decode_kernels.available:
@@ -65,7 +76,7 @@ def resolve_decode_kernels(setting: str, device: torch.device, slots: int, dtype
     if slots > decode_kernels.MAX_ROWS:
         log.info("decode kernels: torch (%d slots; the triton kernels take at most %d)", slots, decode_kernels.MAX_ROWS)
         return "torch"
-    error = decode_kernels.probe(device, dtype)
+    error = decode_kernels.probe(device, dtype, fp8=True) if fp8 else decode_kernels.probe(device, dtype)
     if error is not None:
         log.warning("decode kernels: torch (the triton kernels failed on %s: %s)", device, error)
         return "torch"
@@ -84,10 +95,15 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-def _pre_attention(x, norm_w, eps: float, qkv_w, qkv_b, cos, sin, heads: int, kv_heads: int):
+def _linear(x, weight, bias=None, scale=None):
+    """F.linear; with ``scale`` (an FP8 weight's per-row scales) the weight is dequantized for the product."""
+    return F.linear(x, weight if scale is None else dequantize(weight, scale, x.dtype), bias)
+
+
+def _pre_attention(x, norm_w, eps: float, qkv_w, qkv_b, cos, sin, heads: int, kv_heads: int, qkv_s=None):
     """RMSNorm, the fused q/k/v projection, RoPE: [P, H] -> q [P, heads, D], k and v [P, kv_heads, D]."""
     p = x.shape[0]
-    qkv = F.linear(_rms_norm(x, norm_w, eps), qkv_w, qkv_b).view(p, heads + 2 * kv_heads, -1)
+    qkv = _linear(_rms_norm(x, norm_w, eps), qkv_w, qkv_b, qkv_s).view(p, heads + 2 * kv_heads, -1)
     q, k, v = qkv.split((heads, kv_heads, kv_heads), dim=1)
     return _rotate(q, cos, sin), _rotate(k, cos, sin), v
 
@@ -103,27 +119,43 @@ def _attend(q, keys, values, positions, scale: float):
     return torch.matmul(probs, values).reshape(p, heads * d)
 
 
-def _post_attention(x, attn, ow, norm_w, eps: float, gate_up_w, dw):
-    """Output projection and residual, then RMSNorm + SwiGLU MLP (fused gate/up projection) and residual."""
-    x = x + F.linear(attn, ow)
-    gate, up = F.linear(_rms_norm(x, norm_w, eps), gate_up_w).chunk(2, dim=-1)
-    return x + F.linear(F.silu(gate) * up, dw)
+def _post_attention(x, attn, ow, norm_w, eps: float, gate_up_w, dw, scales=None):
+    """Output projection and residual, then RMSNorm + SwiGLU MLP (fused gate/up projection) and residual.
+    ``scales``: the FP8 scales of (o, gate/up, down)."""
+    o_s, gate_up_s, down_s = scales or (None, None, None)
+    x = x + _linear(attn, ow, None, o_s)
+    gate, up = _linear(_rms_norm(x, norm_w, eps), gate_up_w, None, gate_up_s).chunk(2, dim=-1)
+    return x + _linear(F.silu(gate) * up, dw, None, down_s)
 
 
-def _fuse(modules: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Concatenates the weights (and biases) of linears that read the same input, and re-points each module's
-    parameters at its rows of the result: one matmul instead of several, no extra memory, eager paths unchanged."""
-    weight = torch.cat([m.weight.detach() for m in modules])
+def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """torch.cat, for e4m3 tensors too (concatenated as their bytes)."""
+    if tensors[0].dtype != torch.float8_e4m3fn:
+        return torch.cat(tensors)
+    return torch.cat([t.view(torch.uint8) for t in tensors]).view(torch.float8_e4m3fn)
+
+
+def _fuse(modules: list) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Concatenates the weights (and biases, and FP8 scales) of linears that read the same input, and re-points
+    each module's parameters at its rows of the result: one matmul instead of several, no extra memory, eager
+    paths unchanged. Returns (weight, bias or None, per-row scales or None)."""
+    weight = _cat([m.weight.detach() for m in modules])
     has_bias = [m.bias is not None for m in modules]
     bias = torch.cat([m.bias.detach() for m in modules]) if all(has_bias) else None
+    scaled = [getattr(m, "weight_scale", None) is not None for m in modules]
+    if any(scaled) and not all(scaled):
+        raise ValueError("fused linears must all be FP8 or all not")
+    scale = torch.cat([m.weight_scale.detach() for m in modules]) if all(scaled) else None
     start = 0
     for m in modules:
         n = m.weight.shape[0]
         m.weight.data = weight[start : start + n]
         if bias is not None:
             m.bias.data = bias[start : start + n]
+        if scale is not None:
+            m.weight_scale.data = scale[start : start + n]
         start += n
-    return weight, bias
+    return weight, bias, scale
 
 
 class _Ahead:
@@ -165,13 +197,14 @@ class _TorchLayers:
     def layer(self, i: int, weights: tuple, x: torch.Tensor) -> torch.Tensor:
         n1, e1, qkv_w, qkv_b, ow, n2, e2, gate_up_w, dw = weights
         d, config, p = self.decoder, self.decoder.config, x.shape[0]
+        scales = d._layer_scales[i]
         q, k, v = self.pre(x, n1, e1, qkv_w, qkv_b, self.cos, self.sin, config.num_attention_heads,
-                           config.num_key_value_heads)
+                           config.num_key_value_heads, None if scales is None else scales[0])
         d.k[i][self.rows, :, self.positions] = k
         d.v[i][self.rows, :, self.positions] = v
         keys, values = d.k[i, :p, :, : self.bucket], d.v[i, :p, :, : self.bucket]
         attn = self.attend(q, keys, values, self.positions, 1.0 / math.sqrt(config.head_dim))
-        return self.post(x, attn, ow, n2, e2, gate_up_w, dw)
+        return self.post(x, attn, ow, n2, e2, gate_up_w, dw, None if scales is None else scales[1:])
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return _rms_norm(x, weight, eps)
@@ -202,26 +235,29 @@ class _TritonLayers:
     def layer(self, i: int, weights: tuple, x: torch.Tensor) -> torch.Tensor:
         n1, e1, qkv_w, qkv_b, ow, n2, e2, gate_up_w, dw = weights
         d, config, kernels = self.decoder, self.decoder.config, decode_kernels
-        qkv = kernels.linear(x, qkv_w, bias=qkv_b, norm=(n1, e1), squares=self.squares)
+        qkv_s, o_s, gate_up_s, down_s = d._layer_scales[i] or (None, None, None, None)
+        qkv = kernels.linear(x, qkv_w, bias=qkv_b, norm=(n1, e1), squares=self.squares, scale=qkv_s)
         q = kernels.rope_write(qkv, self.cos, self.sin, self.positions, self.rows, d.k[i], d.v[i],
                                config.num_attention_heads, config.num_key_value_heads)
         attn = kernels.attention(q, d.k[i], d.v[i], self.positions, self.rows, 1.0 / math.sqrt(config.head_dim),
                                  self.workspace, d.max_positions - 1)
-        x = self._residual(attn, ow, x)
-        return self._residual(kernels.linear(x, gate_up_w, norm=(n2, e2), squares=self.squares, swiglu=True), dw, x)
+        x = self._residual(attn, ow, x, o_s)
+        gated = kernels.linear(x, gate_up_w, norm=(n2, e2), squares=self.squares, swiglu=True, scale=gate_up_s)
+        return self._residual(gated, dw, x, down_s)
 
-    def _residual(self, inputs: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    def _residual(self, inputs: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, scale) -> torch.Tensor:
         """A linear with a residual addition; when folding, its squares are kept for the next norm."""
         if not self.fold:
-            return decode_kernels.linear(inputs, weight, residual=residual)
-        out, self.squares = decode_kernels.linear(inputs, weight, residual=residual, emit_squares=True)
+            return decode_kernels.linear(inputs, weight, residual=residual, scale=scale)
+        out, self.squares = decode_kernels.linear(inputs, weight, residual=residual, emit_squares=True, scale=scale)
         return out
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return decode_kernels.rms_norm(x, weight, eps)
 
     def head(self, final: torch.Tensor) -> torch.Tensor:
-        return decode_kernels.linear(final, self.decoder.model.gen_head.weight)
+        gen_head = self.decoder.model.gen_head
+        return decode_kernels.linear(final, gen_head.weight, scale=getattr(gen_head, "weight_scale", None))
 
 
 class StaticDecoder:
@@ -296,7 +332,10 @@ class StaticDecoder:
         self._host_drawn = torch.zeros(slots, dtype=torch.long, pin_memory=pinned)
         self._pool: torch.cuda._POOL_HANDLE | None = None  # the type torch.cuda.graph_pool_handle() returns
         with torch.no_grad():
-            self._layer_weights = [self._weights(layer) for layer in text.layers]
+            fused = [self._weights(layer) for layer in text.layers]
+        self._layer_weights = [weights for weights, _ in fused]
+        # FP8 (servicekit.fp8, quantized at load): per layer the per-row scales of (q/k/v, o, gate/up, down)
+        self._layer_scales: list[tuple | None] = [scales for _, scales in fused]
         self.compile_mode = compile_mode
         self._kernels(compile)
 
@@ -313,20 +352,26 @@ class StaticDecoder:
         self._noise = torch.compile(gumbel_noise, dynamic=False, fullgraph=True) if compile else gumbel_noise
 
     @staticmethod
-    def _weights(layer) -> tuple:
+    def _weights(layer) -> tuple[tuple, tuple | None]:
         """The generation path's weights of one layer (expert copies where the layer has them), q/k/v and
-        gate/up fused."""
+        gate/up fused; and, when the layer's linears are FP8, their per-row scales (q/k/v, o, gate/up, down)."""
         attn = layer.self_attn
         a = "gen_" if attn.experts else ""
         q, k, v, o = (getattr(attn, f"{a}{name}_proj") for name in ("q", "k", "v", "o"))
         mlp = layer.gen_mlp if layer.gen_mlp is not None else layer.mlp
-        qkv_w, qkv_b = _fuse([q, k, v])
-        gate_up_w, _ = _fuse([mlp.gate_proj, mlp.up_proj])
-        return (
+        qkv_w, qkv_b, qkv_s = _fuse([q, k, v])
+        gate_up_w, _, gate_up_s = _fuse([mlp.gate_proj, mlp.up_proj])
+        weights = (
             layer.input_layernorm.weight, layer.input_layernorm.eps, qkv_w, qkv_b, o.weight,
             layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps, gate_up_w,
             mlp.down_proj.weight,
         )
+        scaled = [s is not None for s in (qkv_s, gate_up_s)]
+        if not any(scaled):
+            return weights, None
+        if not all(scaled):
+            raise ValueError("a layer's linears must all be FP8 or all not")
+        return weights, (qkv_s, o.weight_scale, gate_up_s, mlp.down_proj.weight_scale)
 
     # -- slots ------------------------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ from dit_service.model.sampler import (
     start_entry,
     step_entries,
 )
-from dit_service.model.transformer import MammothDiT
+from dit_service.model.transformer import MammothDiT, quantize_fp8_
 from dit_service.model.weights import load_strict, materialize, random_init_
 
 if TYPE_CHECKING:
@@ -101,6 +101,14 @@ class DiTPipeline:
         # What a denoise step calls: the transformer itself, or its CUDA graphs (use_cuda_graphs).
         self.step_model: Callable[..., torch.Tensor] = self.transformer
         self._previewer: LatentPreviewer | None = None  # fitted to the VAE on first use (preview.py)
+
+    def quantize(self, quantization: str) -> None:
+        """``quantization`` "fp8": the transformer's block linears become FP8 matmuls (``transformer.quantize_fp8_``);
+        "none" leaves the model as loaded. Call before ``use_cuda_graphs`` and ``warm_up``."""
+        if quantization == "fp8":
+            quantize_fp8_(self.transformer)
+        elif quantization != "none":
+            raise ValueError(f"quantization must be 'none' or 'fp8'; got {quantization!r}")
 
     def use_cuda_graphs(self, max_graphs: int) -> None:
         """Replays the denoise step's transformer call from CUDA graphs (cuda_graphs.py); no effect off CUDA or with

@@ -1,0 +1,111 @@
+"""FP8 weights in the AR (``load_ar(quantization="fp8")``): what is quantized, prefill and both decode kernel sets.
+
+The tiny model runs in float32 on the CPU; the Triton kernels run in Triton's interpreter (tests/conftest.py), so
+their FP8 weight loads, per-channel scaling and SwiGLU/residual folding are checked here. Their speed, and the
+bf16 activations of a real GPU, are bench/fp8_check.py's business.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ar_service.generation import SlotDecoder, build_prefix_cache, generate_grid, prompt_ids_for, system_prefix_ids
+from ar_service.model import decode_kernels
+from ar_service.model.loading import load_ar
+from ar_service.model.quantize import fp8_linear_names
+from ar_service.model.static_decode import StaticDecoder, _rms_norm
+from ar_service.prompt import grid_for_size
+from ar_service.sampling import SamplingParams
+from servicekit.fp8 import FP8Linear, dequantize, quantize_weight
+
+triton_only = pytest.mark.skipif(not decode_kernels.available, reason="triton is not installed")
+
+
+@pytest.fixture(scope="module")
+def fp8_ar(tiny_root):
+    return load_ar(tiny_root, quantization="fp8")
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def test_the_decode_path_linears_and_the_generation_head_are_fp8_the_rest_is_not(fp8_ar, tiny_ar):
+    model = fp8_ar.model
+    fp8_names = {name for name, m in model.named_modules() if isinstance(m, FP8Linear)}
+    assert fp8_names == set(fp8_linear_names(model))
+    linears = {name for name, m in tiny_ar.model.named_modules() if isinstance(m, nn.Linear)}
+    assert fp8_names == linears - {"lm_head"}  # every linear but the text head
+    assert type(model.lm_head) is nn.Linear
+    text = model.model.language_model
+    assert text.embed_tokens.weight.dtype == text.gen_embed_tokens.weight.dtype == torch.float32
+    assert all(m.weight.dtype == torch.float8_e4m3fn for m in model.modules() if isinstance(m, FP8Linear))
+    experts = [n for n in fp8_names if ".gen_" in n]
+    assert experts, "the tiny model has expert layers, and they are quantized too"
+
+
+def test_unknown_quantization_is_refused(tiny_root):
+    with pytest.raises(ValueError, match="quantization must be 'none' or 'fp8'; got 'int8'"):
+        load_ar(tiny_root, quantization="int8")
+
+
+def test_fp8_prefill_stays_near_the_unquantized_model(fp8_ar, tiny_ar):
+    ids = torch.tensor([prompt_ids_for(tiny_ar.tokenizer, "a red cube", grid_for_size(32, 32, 16))])
+    with torch.no_grad():
+        (logits, hidden), (ref_logits, ref_hidden) = fp8_ar.model(ids), tiny_ar.model(ids)
+    assert 0 < rel(hidden, ref_hidden) < 0.1
+    assert 0 < rel(logits, ref_logits) < 0.1
+
+
+@pytest.mark.parametrize("kernels", ["torch", pytest.param("triton", marks=triton_only)])
+def test_the_fixed_slot_decoder_decodes_the_fp8_model_as_its_eager_decoder_does(fp8_ar, kernels, monkeypatch):
+    """Same grid of tokens and condition rows: the decode step reads the quantized weights and their scales exactly
+    as the eager (dequantizing) path multiplies them."""
+    monkeypatch.setattr(decode_kernels, "ATTENTION_SPLITS", 2)  # the interpreter runs programs one by one
+    t2i = fp8_ar.t2i
+    sampling = SamplingParams(t2i.temperature, t2i.top_k, t2i.top_p)
+    prefix = build_prefix_cache(fp8_ar.model, system_prefix_ids(fp8_ar.tokenizer))
+    grid = grid_for_size(32, 32, 16)
+    ids = prompt_ids_for(fp8_ar.tokenizer, "a cat", grid)
+    eager = generate_grid(fp8_ar.model, ids, grid, t2i, sampling, 5, prefix=prefix, pad_to=2)
+    static = StaticDecoder(fp8_ar.model, 2, 300, kernels=kernels)
+    assert all(scales is not None for scales in static._layer_scales)
+    fast = generate_grid(fp8_ar.model, ids, grid, t2i, sampling, 5, prefix=prefix, decoder=SlotDecoder(static))
+    assert fast.token_ids == eager.token_ids
+    torch.testing.assert_close(fast.image_condition, eager.image_condition, rtol=1e-4, atol=1e-5)
+
+
+@triton_only
+@pytest.mark.parametrize("rows", [1, 3])
+def test_the_linear_kernel_reads_fp8_weights_with_their_channel_scales(rows):
+    """Norm, bias, SwiGLU (gate and up rows with their own scales) and residual folded as with bf16 weights, on the
+    dequantized weight; blocks smaller than the weight, so the K loop repeats and the last block is masked."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, 96, generator=g)
+    w = torch.randn(80, 96, generator=g) * torch.linspace(0.01, 1.0, 80)[:, None]
+    q, scale = quantize_weight(w)
+    wd = dequantize(q, scale, torch.float32)
+    bias, norm_w, residual = torch.randn(80, generator=g), torch.randn(96, generator=g), torch.randn(rows, 80, generator=g)
+    blocks = (16, 32, 4, 1)
+    got = decode_kernels.linear(x, q, bias=bias, norm=(norm_w, 1e-6), residual=residual, blocks=blocks, scale=scale)
+    torch.testing.assert_close(got, residual + F.linear(_rms_norm(x, norm_w, 1e-6), wd, bias), rtol=1e-5, atol=1e-5)
+    got = decode_kernels.linear(x, q, swiglu=True, blocks=blocks, scale=scale)
+    gate, up = F.linear(x, wd).chunk(2, dim=-1)
+    torch.testing.assert_close(got, F.silu(gate) * up, rtol=1e-5, atol=1e-5)
+
+
+@triton_only
+def test_the_linear_kernel_refuses_an_fp8_weight_without_its_scales():
+    q, scale = quantize_weight(torch.randn(32, 64))
+    with pytest.raises(ValueError, match="e4m3 weight needs its float32 scales"):
+        decode_kernels.linear(torch.randn(1, 64), q)
+    with pytest.raises(ValueError, match="e4m3 weight needs its float32 scales"):
+        decode_kernels.linear(torch.randn(1, 64), torch.randn(32, 64), scale=scale)
+
+
+@triton_only
+def test_the_probe_runs_the_fp8_linear_too():
+    assert decode_kernels.probe(torch.device("cpu"), torch.float32, fp8=True) is None
