@@ -326,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--window-s", type=float, default=60.0, help="least measured window per point, seconds")
     parser.add_argument("--window-latencies", type=float, default=2.0,
                         help="the window lasts at least this many times the warm-up's mean latency")
-    parser.add_argument("--max-window-s", type=float, default=150.0, help="longest measured window per point")
+    parser.add_argument("--max-window-s", type=float, default=120.0, help="longest measured window per point")
     parser.add_argument("--ramp-s", type=float, default=0.0, help="spread the clients' first requests over this long")
     parser.add_argument("--seed", type=int, default=0, help="base seed; request k of the run uses seed + k")
     parser.add_argument("--guidance", type=float, default=None, help="text_guidance_scale (default: the model's)")
