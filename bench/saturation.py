@@ -279,7 +279,7 @@ def run_point(args: argparse.Namespace, stack: ServiceStack, metrics: dict[str, 
         async with httpx.AsyncClient(base_url=stack.url, timeout=args.timeout_s, limits=limits) as http:
 
             async def on_window(_start: float) -> None:
-                watch.lap()
+                await asyncio.to_thread(watch.lap)  # nvidia-smi: not on the clients' event loop
                 counters["before"] = await asyncio.to_thread(lambda: {k: scrape(u) for k, u in metrics.items()})
                 counters["status_before"] = await asyncio.to_thread(_engine_status, stack)
 
