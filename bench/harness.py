@@ -131,6 +131,25 @@ class Outcome:
         return self.end - self.start
 
 
+GENERATIONS_PATH = "/v1/images/generations"
+
+
+def request_body(size: int, steps: int, seed: int, guidance: float | None, knobs: dict) -> dict:
+    """The JSON body of one benchmark request: PROMPT at size x size, ``steps`` steps, this seed, the extra knobs."""
+    body = {"prompt": PROMPT, "size": f"{size}x{size}", "num_inference_steps": steps, "seed": seed, **knobs}
+    if guidance is not None:
+        body["text_guidance_scale"] = guidance
+    return body
+
+
+def outcome_of(response: httpx.Response, seed: int, start: float, end: float) -> Outcome:
+    """One REST answer as an Outcome: its images, the services' timings and knobs, or the error it carries."""
+    if response.status_code != 200:
+        return Outcome(seed, start, end, error=f"HTTP {response.status_code}: {response.text[:300]}")
+    result = response.json()
+    return Outcome(seed, start, end, images=len(result["data"]), timings=result["timings"], knobs=result["knobs"])
+
+
 class RestClient:
     """POST /v1/images/generations on the gateway; the answer's ``timings`` are the services' own. ``knobs``: more
     per-model knobs sent with every request."""
@@ -140,19 +159,12 @@ class RestClient:
         self.knobs = dict(knobs or {})
 
     def __call__(self, size: int, steps: int, seed: int, guidance: float | None) -> Outcome:
-        body = {"prompt": PROMPT, "size": f"{size}x{size}", "num_inference_steps": steps, "seed": seed, **self.knobs}
-        if guidance is not None:
-            body["text_guidance_scale"] = guidance
         start = time.perf_counter()
         try:
-            response = self.http.post("/v1/images/generations", json=body)
+            response = self.http.post(GENERATIONS_PATH, json=request_body(size, steps, seed, guidance, self.knobs))
         except httpx.HTTPError as exc:
             return Outcome(seed, start, time.perf_counter(), error=f"{type(exc).__name__}: {exc}")
-        end = time.perf_counter()
-        if response.status_code != 200:
-            return Outcome(seed, start, end, error=f"HTTP {response.status_code}: {response.text[:300]}")
-        result = response.json()
-        return Outcome(seed, start, end, images=len(result["data"]), timings=result["timings"], knobs=result["knobs"])
+        return outcome_of(response, seed, start, time.perf_counter())
 
     def close(self) -> None:
         self.http.close()
@@ -245,16 +257,26 @@ def summarize(outcomes: list[Outcome], concurrency: int = 1) -> dict:
                      "errors": sorted({o.error for o in outcomes if o.error})[:5]}
     if not done:
         return summary
-    latencies = [o.latency_s for o in done]
     wall = max(o.end for o in outcomes) - min(o.start for o in outcomes)
     summary.update(
-        latency_s={"mean": statistics.fmean(latencies), "p50": percentile(latencies, 50),
-                   "p95": percentile(latencies, 95), "p99": percentile(latencies, 99),
-                   "min": min(latencies), "max": max(latencies)},
+        latency_s=latency_summary([o.latency_s for o in done]),
         wall_s=wall,
         throughput_images_per_s=sum(o.images for o in done) / wall if wall > 0 else None,
     )
     summary["steady_throughput_images_per_s"], summary["steady_window_s"] = steady_throughput(outcomes, concurrency)
+    summary["stages_ms"] = stage_means(done)
+    return summary
+
+
+def latency_summary(latencies: list[float]) -> dict:
+    """Mean, p50, p95, p99, min and max of client latencies (seconds)."""
+    return {"mean": statistics.fmean(latencies), "p50": percentile(latencies, 50), "p95": percentile(latencies, 95),
+            "p99": percentile(latencies, 99), "min": min(latencies), "max": max(latencies)}
+
+
+def stage_means(done: list[Outcome]) -> dict:
+    """The mean of every stage timing the services reported over completed requests, the AR's ms per token and
+    what the client waited beyond the services' own time."""
     stages = {}
     for key in STAGE_KEYS:
         values = [o.timings[key] for o in done if key in o.timings]
@@ -266,8 +288,7 @@ def summarize(outcomes: list[Outcome], concurrency: int = 1) -> dict:
     stages["client_unaccounted_ms"] = statistics.fmean(
         o.latency_s * 1e3 - o.timings.get("total_ms", 0.0) - o.timings.get("gateway_ms", 0.0) for o in done
     )
-    summary["stages_ms"] = stages
-    return summary
+    return stages
 
 
 # -- the run -----------------------------------------------------------------------------------------------------------

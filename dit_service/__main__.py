@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         max_batch_size=settings.max_batch_size,
         max_queued_renders=settings.max_queued_renders,
         deterministic=settings.deterministic,
+        batch_window_s=settings.batch_window_s,
         profiler=make_profiler("dit_service", settings.profile_dir, device, settings.profile_max_traces),
     )
     if settings.metrics_port:

@@ -9,6 +9,13 @@ step is one transformer call for the whole batch with both CFG branches packed. 
 for bit the same whatever it was batched with (the transformer keeps each row's arithmetic independent of its
 batch-mates; tests/dit_service/test_batching.py); ``deterministic=True`` runs each image in a call of its
 own and asks PyTorch for deterministic kernels, for the same guarantee on CUDA at the cost of batching.
+
+Under load, renders of one size reach the DiT spread out (each client's AR finishes on its own schedule), and a
+render that starts alone finishes alone however many arrive behind it. So a render about to start a new batch
+while other renders are already admitted (their conditions still arriving) waits up to ``batch_window_s`` for
+more of its size, up to a full batch, and they then run and finish together; their clients' next requests then
+reach the DiT together too. With nothing else admitted (one user) it starts at once: the window costs a lone
+request nothing.
 """
 
 from __future__ import annotations
@@ -264,6 +271,10 @@ class EngineMetrics:
             "ardit_dit_step_seconds", "wall time of one batched denoise step",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r,
         )
+        self.window_seconds = Histogram(
+            "ardit_dit_batch_window_seconds", "time a new batch waited for more renders of its size (batch_window_s)",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25), registry=r,
+        )
 
 
 class DiTEngine:
@@ -282,10 +293,15 @@ class DiTEngine:
         max_batch_size: int = 4,
         max_queued_renders: int = 16,
         deterministic: bool = False,
+        batch_window_s: float = 0.0,
         profiler: BusyProfiler | None = None,
     ):
+        """``batch_window_s``: how long a render about to start a new batch waits for more renders of its size while
+        others are admitted (0: never waits; see the module docstring)."""
         if max_batch_size < 1 or max_queued_renders < 1:
             raise ValueError("max_batch_size and max_queued_renders must be at least 1")
+        if batch_window_s < 0:
+            raise ValueError(f"batch_window_s must be >= 0; got {batch_window_s}")
         self.pipeline = pipeline
         self.knob_table = knob_table
         self.max_condition_positions = max_condition_positions
@@ -296,6 +312,7 @@ class DiTEngine:
         self.max_batch_size = max_batch_size
         self.max_queued_renders = max_queued_renders
         self.deterministic = deterministic
+        self.batch_window_s = batch_window_s
         self.metrics = EngineMetrics(max_batch_size)
         self.profiler = profiler  # None: no tracing, stage labels are a shared no-op
         self._lock = threading.Condition()
@@ -304,7 +321,8 @@ class DiTEngine:
         self._running: list[_Running] = []
         self._closed = False
         self._step_ewma_s = 0.5
-        self.counters = dict(admitted=0, rejected=0, cancelled=0, completed=0, largest_batch=0, batched_steps=0)
+        self.counters = dict(admitted=0, rejected=0, cancelled=0, completed=0, largest_batch=0, batched_steps=0,
+                             windows=0)
         # Partial images are encoded here, beside the worker: a PNG encode at 1024x1024 takes longer than a denoise
         # step, and the next step need not wait for it (Pillow releases the GIL while it compresses).
         self._preview_encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dit-preview")
@@ -434,6 +452,7 @@ class DiTEngine:
                 self.counters["cancelled"] += 1
                 self.metrics.cancelled.inc()
             self.metrics.queue_depth.set(self._queued())
+            self._lock.notify_all()  # a batch window waiting on this render need not wait any longer
 
     def status(self) -> dict[str, int]:
         with self._lock:
@@ -496,6 +515,7 @@ class DiTEngine:
                     return
                 first = self._queue[0].plan.request_id if self._queue else ""
                 self._sweep_queue()
+                self._batch_window()
                 joiners = self._take_joiners()
             if self.profiler is not None:
                 self.profiler.busy(first)  # no-op while a trace is already recording
@@ -517,6 +537,41 @@ class DiTEngine:
             if job.next_image == 0:  # otherwise its running images report it
                 self._fail(job, DenoiseCancelled("render cancelled before it started"))
         self.metrics.queue_depth.set(self._queued())
+
+    def _ready_for_batch(self) -> int | None:
+        """Images a new batch would start with now (under the lock): the queue's head and the renders of its size
+        right behind it (FIFO, no overtaking), at most max_batch_size; None when a render of another size follows
+        them, so that waiting could add no image."""
+        key = (self._queue[0].plan.width, self._queue[0].plan.height)
+        images = 0
+        for job in self._queue:
+            if (job.plan.width, job.plan.height) != key:
+                return None
+            images += job.plan.n - job.next_image
+            if images >= self.max_batch_size:
+                break
+        return min(images, self.max_batch_size)
+
+    def _batch_window(self) -> None:
+        """Before a new batch starts (nothing running), waits up to ``batch_window_s`` for more renders of its size
+        while other renders are admitted with their conditions still arriving (under the lock). Ends early when the
+        batch is full, when nothing more is admitted, on a cancel (the wake-up) or on close."""
+        if self.batch_window_s <= 0 or self._running or not self._queue or not self._reserved:
+            return
+        started = time.perf_counter()
+        deadline = started + self.batch_window_s
+        waited = False
+        while self._queue and self._reserved and not self._closed and not self._running:
+            ready = self._ready_for_batch()
+            remaining = deadline - time.perf_counter()
+            if ready is None or ready >= self.max_batch_size or remaining <= 0:
+                break
+            waited = True
+            self._lock.wait(remaining)
+            self._sweep_queue()
+        if waited:
+            self.counters["windows"] += 1
+            self.metrics.window_seconds.observe(time.perf_counter() - started)
 
     def _take_joiners(self) -> list[tuple[RenderJob, int]]:
         """Images that join the running batch now: FIFO, up to max_batch_size, all of one size (under the lock).

@@ -47,6 +47,12 @@ class DiTSettings(ModelServiceSettings):
         16, ge=1, description="most renders admitted and waiting; beyond it Render is refused at once with "
         "RESOURCE_EXHAUSTED and a retry-after trailer"
     )
+    batch_window_s: float = Field(
+        0.02, ge=0, le=60.0,
+        description="a render about to start a new batch while other renders are admitted (their conditions still "
+        "arriving) waits up to this long for more of its size, so that they denoise and finish together; a render "
+        "with nothing else admitted starts at once; 0 = off",
+    )
     deterministic: bool = Field(
         False,
         description="batch-invariant on any device: each image in a transformer call of its own (no cross-request "

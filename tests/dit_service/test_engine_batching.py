@@ -16,13 +16,18 @@ def make_engine(pipeline, **kwargs) -> DiTEngine:
     return DiTEngine(pipeline, FAMILIES["mammothmoda2"], max_condition_positions=4096, **kwargs)
 
 
-def submit(engine, seed, steps=3, guidance=4.0, n=1, cond_seed=0):
+def submit(engine, seed, steps=3, guidance=4.0, n=1, cond_seed=0, size=64, admitted=False):
     g = torch.Generator().manual_seed(cond_seed)
     text, image = torch.randn(4, HIDDEN, generator=g), torch.randn(6, HIDDEN, generator=g)
-    plan = engine.plan(request_id=f"r{seed}", width=64, height=64, n=n, seed=seed, output_format="png",
+    plan = engine.plan(request_id=f"r{seed}", width=size, height=size, n=n, seed=seed, output_format="png",
                        output_compression=None, knobs={"num_inference_steps": steps, "text_guidance_scale": guidance},
                        hidden_size=HIDDEN, dtype="float32", text_positions=4, image_positions=6, negative_positions=0)
-    return engine.submit(plan, torch.cat([text, image]), torch.zeros(0, HIDDEN))
+    return engine.submit(plan, torch.cat([text, image]), torch.zeros(0, HIDDEN), admitted=admitted)
+
+
+def submit_admitted(engine, seed, **kwargs):
+    """A render whose header took its queue slot earlier (``engine.admit()``), as dit_service's Render does."""
+    return submit(engine, seed, admitted=True, **kwargs)
 
 
 def collect(job, timeout=60):
@@ -101,5 +106,74 @@ def test_cancelled_render_leaves_within_a_step(pipeline):
             solo.close()
         status = engine.status()
         assert status["cancelled_total"] == 1 and status["running"] == 0
+    finally:
+        engine.close()
+
+
+# -- the batch window: renders that arrive apart under load start and finish together --------------------------------
+
+
+def steps_at_batch(engine) -> tuple[float, float]:
+    """(denoise steps run, images in them) since the engine started, from its batch-size histogram."""
+    registry = engine.metrics.registry
+    return registry.get_sample_value("ardit_dit_batch_size_count"), registry.get_sample_value("ardit_dit_batch_size_sum")
+
+
+def test_renders_admitted_together_share_every_step_and_equal_their_solo_images(pipeline):
+    engine = make_engine(pipeline, max_batch_size=4, batch_window_s=120.0)  # ends when the last one arrives
+    solo = make_engine(pipeline)
+    try:
+        specs = [dict(seed=21, steps=4), dict(seed=22, steps=4, cond_seed=1), dict(seed=23, steps=4, guidance=1.0)]
+        for _ in specs:
+            engine.admit()  # three headers in: their conditions are on the way
+        jobs = []
+        for spec in specs:  # the conditions complete one after the other
+            jobs.append(submit_admitted(engine, **spec))
+        results = [collect(job) for job in jobs]
+        assert steps_at_batch(engine) == (4, 12)  # 4 steps, every one with all three images
+        status = engine.status()
+        assert status["largest_batch"] == 3 and status["batched_steps_total"] == 4
+        for spec, (images, _, _) in zip(specs, results, strict=True):
+            assert collect(submit(solo, **spec))[0] == images
+    finally:
+        engine.close()
+        solo.close()
+
+
+def test_a_lone_render_never_waits_for_the_window(pipeline):
+    engine = make_engine(pipeline, batch_window_s=120.0)
+    try:
+        images, _, _ = collect(submit(engine, seed=3))
+        assert images and engine.counters["windows"] == 0
+        assert engine.metrics.registry.get_sample_value("ardit_dit_batch_window_seconds_count") == 0
+    finally:
+        engine.close()
+
+
+def test_a_render_waiting_in_the_window_can_be_cancelled(pipeline):
+    engine = make_engine(pipeline, max_batch_size=4, batch_window_s=600.0)
+    try:
+        engine.admit()
+        engine.admit()  # a second render's condition is still arriving: the first one waits for it
+        job = submit_admitted(engine, seed=1)
+        job.cancel()
+        event = job.events.get(timeout=60)  # long before the window would end
+        assert isinstance(event, RenderFailed) and isinstance(event.error, DenoiseCancelled)
+        engine.withdraw(cancelled=True)
+        assert collect(submit(engine, seed=2))[0]  # the engine serves on
+    finally:
+        engine.close()
+
+
+def test_a_render_of_another_size_behind_the_head_ends_the_window(pipeline):
+    engine = make_engine(pipeline, max_batch_size=4, batch_window_s=600.0)
+    try:
+        for _ in range(3):
+            engine.admit()
+        first = submit_admitted(engine, seed=1)
+        other = submit_admitted(engine, seed=2, size=32)  # it could not join the head's batch: no point waiting
+        assert collect(first)[0]
+        engine.withdraw()  # the third render's stream failed: nothing more is on the way, the window ends
+        assert collect(other)[0]
     finally:
         engine.close()

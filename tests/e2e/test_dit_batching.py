@@ -144,6 +144,56 @@ def test_cancelled_render_leaves_the_batch_and_its_mates_are_unchanged(batching)
     assert batched == solo
 
 
+# -- the batch window -----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def windowed(tiny_model, tmp_path_factory):
+    """A dit_service whose new batch waits (up to a minute) for renders still on their way."""
+    metrics_port = free_port()
+    stack = start_dit(tiny_model, tmp_path_factory.mktemp("dit_window"), "--max-batch-size", "4",
+                      "--batch-window-s", "60", "--metrics-port", str(metrics_port))
+    try:
+        with grpc.insecure_channel(stack.dit_address) as channel:
+            yield SimpleNamespace(stub=dit_pb2_grpc.RendererStub(channel), metrics_url=f"http://127.0.0.1:{metrics_port}/metrics")
+    finally:
+        stack.down()
+
+
+def metric(url: str, name: str) -> float:
+    (line,) = [line for line in httpx.get(url, timeout=10).text.splitlines() if line.startswith(name + " ")]
+    return float(line.split()[1])
+
+
+def test_renders_whose_conditions_complete_apart_are_denoised_in_shared_steps(windowed):
+    stub = windowed.stub
+    specs = [dict(seed=31, steps=6, guidance=4.0, cond_seed=1), dict(seed=32, steps=6, guidance=4.0, cond_seed=2),
+             dict(seed=33, steps=6, guidance=1.0, cond_seed=3)]
+    solo = [image_of(list(stub.Render(iter(messages(**spec)), timeout=60))) for spec in specs]
+    before = status(stub)
+    gates = [threading.Event() for _ in specs]
+
+    def held(spec, gate):  # header and condition now, the end marker when the gate opens
+        *opening, end = messages(**spec)
+        yield from opening
+        gate.wait()
+        yield end
+
+    with concurrent.futures.ThreadPoolExecutor(len(specs)) as pool:
+        futures = [pool.submit(lambda s, g: image_of(list(stub.Render(held(s, g), timeout=120))), spec, gate)
+                   for spec, gate in zip(specs, gates, strict=True)]
+        wait_for(lambda: status(stub).queued == len(specs))  # all three admitted, none complete
+        for gate in gates:  # the conditions complete apart, as AR streams finish at different times
+            gate.set()
+            time.sleep(0.2)
+        batched = [f.result() for f in futures]
+    after = status(stub)
+    assert after.largest_batch == 3
+    assert after.batched_steps_total - before.batched_steps_total == 6  # every step shared by all three
+    assert metric(windowed.metrics_url, "ardit_dit_batch_window_seconds_count") >= 1
+    assert batched == solo
+
+
 # -- admission control --------------------------------------------------------------------------------------------
 
 
