@@ -6,7 +6,10 @@ VENV ?= .venv
 # The PyTorch requirement installed before everything else. CI pins the CPU build
 # (make test TORCH_SPEC=torch==2.13.0); GPU users keep the default or pin their CUDA build.
 TORCH_SPEC ?= torch>=2.4
-MODEL_DIR ?= models/tiny
+# `make up` serves the trained shapes model (train/README.md); the random tiny model, which the tests build, is
+# one `make up MODEL_DIR=models/tiny` away.
+MODEL_DIR ?= train/checkpoints/shapes
+TINY_DIR := models/tiny
 PYTEST_ARGS ?=
 # checkov scans the Kubernetes manifests (tests/test_k8s_manifests.py); it lives in an environment of its own
 # because its pinned dependencies would downgrade torch's.
@@ -29,10 +32,10 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
-$(MODEL_DIR)/config.json: | $(STAMP)
-	$(BIN)/python -m tools.make_tiny $(MODEL_DIR)
+$(TINY_DIR)/config.json: | $(STAMP)
+	$(BIN)/python -m tools.make_tiny $(TINY_DIR)
 
-model: $(MODEL_DIR)/config.json
+model: $(TINY_DIR)/config.json
 
 $(CHECKOV_VENV)/bin/checkov:
 	$(PYTHON) -m venv $(CHECKOV_VENV)
@@ -56,4 +59,4 @@ protos: install
 	$(BIN)/python -m protos.generate
 
 clean:
-	rm -rf $(VENV) $(CHECKOV_VENV) $(MODEL_DIR)
+	rm -rf $(VENV) $(CHECKOV_VENV) $(TINY_DIR)

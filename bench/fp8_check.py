@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from bench.report import emit
 
-#: Targets of issue 18 (measured by this benchmark: the step times, not the end-to-end latency).
+#: The FP8 targets (measured by this benchmark: the step times, not the end-to-end latency).
 AR_MS_PER_TOKEN_TARGET = 2.1
 DIT_SPEEDUP_TARGET = 1.5
 

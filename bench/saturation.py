@@ -24,7 +24,7 @@ streams, DiT batches of 8, queues deep enough for 32 clients); ``--service-arg``
 ``fp8`` when a service flag asks for it, else the model dtype, unless ``--label`` says otherwise.
 
 Writes ``OUT/saturation.json`` (after every point, so a run cut short keeps what it measured) and
-``OUT/SATURATION.md`` (``bench.saturation_report``: the points and the issue's targets, pass/fail).
+``OUT/SATURATION.md`` (``bench.saturation_report``: the points and the project's throughput targets, pass/fail).
 """
 
 from __future__ import annotations

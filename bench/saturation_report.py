@@ -1,4 +1,4 @@
-"""The saturation section of the dashboard: the closed-loop points of ``bench.saturation`` runs and issue 18's
+"""The saturation section of the dashboard: the closed-loop points of ``bench.saturation`` runs and the project's
 throughput targets, each marked pass or FAIL, or "not measured" until a result file has the point.
 
 ``python -m bench.saturation_report BF16.json [FP8.json ...] [--out FILE]`` (FILE defaults to ``SATURATION.md``
@@ -21,7 +21,7 @@ STANDARD_POINTS = ((512, 20, 16), (512, 20, 32), (1024, 50, 8))
 #: Before this work: 512x512/20 at c8, images completed while all 8 clients were active over that window
 #: (bench/results/h200/raw.json, steady_throughput_images_per_s; bench/results/h200/NOTES.md).
 BASELINE_512_C8_IMAGES_PER_S = 0.852
-#: Issue 18's targets: (size, steps, clients, precision) -> least steady images/s.
+#: The throughput targets: (size, steps, clients, precision) -> least steady images/s.
 TARGETS = {(512, 20, 16, "bf16"): 1.5, (512, 20, 16, "fp8"): 2.5}
 NOT_MEASURED = "not measured"
 

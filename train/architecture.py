@@ -26,7 +26,9 @@ from dit_service.model.weights import materialize, random_init_
 from servicekit.checkpoint import ServingDefaults
 
 HIDDEN = 128
-SERVING = ServingDefaults(default_width=128, default_height=128, max_side=256, pixels_per_token=16)
+# The DiT learnt its unconditional branch from the empty condition (train.stages.train_dit), so that is what
+# guidance sends by default: no default negative prompt.
+SERVING = ServingDefaults(default_width=128, default_height=128, max_side=256, pixels_per_token=16, default_negative_prompt="")
 
 
 def llm_config() -> dict:
@@ -74,11 +76,12 @@ def ar_config() -> ARConfig:
 
 
 def t2i() -> T2IGenerationConfig:
-    """The tiny tokenizer's ids; greedy by default (the temperature knob still samples)."""
+    """The tiny tokenizer's ids; greedy and unguided by default (the temperature and ar_cfg_scale knobs still apply)."""
     ids = tiny_t2i()
     return T2IGenerationConfig(
         eol_token_id=ids.eol_token_id, visual_token_start_id=ids.visual_token_start_id,
         visual_token_end_id=ids.visual_token_end_id, temperature=1.0, top_k=2048, top_p=1.0, do_sample=False,
+        cfg_scale=1.0,  # no AR guidance by default: the AR never learnt an unconditional branch
     )
 
 

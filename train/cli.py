@@ -54,7 +54,8 @@ def run(args: argparse.Namespace, names: list[str]) -> dict:
         torch.backends.cudnn.allow_tf32 = True
     seed_everything(args.seed)
     scale = stages.SCALES[args.scale]
-    if (args.out / CONFIG_FILE).is_file():
+    continued = (args.out / CONFIG_FILE).is_file()
+    if continued:
         ar, dit, vae = checkpoint.load(args.out, device, args.seed)
         print(f"continuing from {args.out}", flush=True)
     else:
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace, names: list[str]) -> dict:
         print(f"checkpoint written to {args.out} after {name}", flush=True)
     record = {
         "seed": args.seed, "device": str(torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
-        "scale": args.scale, "stages": [log.to_dict() for log in logs],
+        "scale": args.scale, "continued": continued, "stages": [log.to_dict() for log in logs],
     }
     if "dit" in names and args.eval_budget > 0:
         ar.eval()

@@ -59,6 +59,16 @@ def table(rates: dict, count: int) -> str:
     return "\n".join(lines)
 
 
+def knobs_from(args: argparse.Namespace) -> dict:
+    """The request knobs that ``--steps`` and ``--guidance`` set (none: the service's defaults)."""
+    knobs = {}
+    if args.steps is not None:
+        knobs["num_inference_steps"] = args.steps
+    if args.guidance is not None:
+        knobs["text_guidance_scale"] = args.guidance
+    return knobs
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--url", default="http://127.0.0.1:8000")
@@ -69,11 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=2)
     p.add_argument("--show-failures", type=int, default=10, help="print up to this many wrong images' details")
     args = p.parse_args(argv)
-    knobs = {}
-    if args.steps is not None:
-        knobs["num_inference_steps"] = args.steps
-    if args.guidance is not None:
-        knobs["text_guidance_scale"] = args.guidance
+    knobs = knobs_from(args)
     started = time.monotonic()
     rates, rows = evaluate(args.url, args.n, args.seed, knobs, args.concurrency)
     print(f"{args.n} held-out captions through {args.url} (knobs {knobs or 'service defaults'}, "

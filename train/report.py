@@ -37,10 +37,14 @@ def append_run(directory: Path, run: dict) -> Path:
 
 
 def plot(log: dict, path: Path) -> None:
+    """One panel per stage: its latest run, joined to the runs it continued from (``continued``: the run
+    started from the checkpoint the earlier runs wrote), steps counted from the first of them."""
     stages: dict[str, list] = {}
     for run in log["runs"]:
         for stage in run.get("stages", []):
-            stages[stage["stage"]] = stage["losses"]  # the latest run of each stage
+            before = stages.get(stage["stage"], []) if run.get("continued") else []
+            offset = before[-1][0] if before else 0
+            stages[stage["stage"]] = before + [[offset + s, v] for s, v in stage["losses"]]
     stages = {k: v for k, v in stages.items() if v}
     if not stages:
         return
