@@ -21,6 +21,8 @@ COPY dit_service ./dit_service
 COPY gateway ./gateway
 COPY tools ./tools
 COPY ardit_cli ./ardit_cli
+# The shapes model (train/README.md): what compose serves unless ARDIT_MODEL names another directory.
+COPY train/checkpoints/shapes ./models/shapes
 RUN pip install .
 
 # /images: the gateway's URL image store in compose.yaml (a named volume takes this ownership)
