@@ -69,6 +69,20 @@ def knobs_from(args: argparse.Namespace) -> dict:
     return knobs
 
 
+def outline_table(rows: list[dict]) -> str:
+    """What the detector read for each asked-for outline: where the outline errors go."""
+    shapes = sorted({r["expected"].shape for r in rows})
+    found = sorted({r["found"].shape for r in rows} | set(shapes), key=str)
+    lines = ["| asked for | right | " + " | ".join(f"read as {f or 'nothing'}" for f in found) + " |",
+             "| --- | --- | " + " | ".join("---" for _ in found) + " |"]
+    for shape in shapes:
+        asked = [r for r in rows if r["expected"].shape == shape]
+        right = sum(r["shape"] for r in asked)
+        counts = [sum(r["found"].shape == f for r in asked) for f in found]
+        lines.append(f"| {shape} | {right}/{len(asked)} | " + " | ".join(str(c) for c in counts) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--url", default="http://127.0.0.1:8000")
@@ -85,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.n} held-out captions through {args.url} (knobs {knobs or 'service defaults'}, "
           f"{time.monotonic() - started:.0f} s)\n")
     print(table(rates, args.n))
+    print()
+    print(outline_table(rows))
     failures = [r for r in rows if not r["all"]][: args.show_failures]
     if failures:
         print("\nsome wrong ones:")

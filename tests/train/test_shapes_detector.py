@@ -95,3 +95,23 @@ def test_visual_codes_describe_background_shape_colour_and_coverage():
     assert colour[4, 4] == COLOURS.index("yellow") and level[4, 4] == LEVELS - 1
     ids = grid_token_ids(codes, visual_start=1000, eol=7)
     assert len(ids) == 8 * 9 and ids[8::9] == [7] * 8 and ids[0] == 1000 + codes[0, 0]
+
+
+def test_the_outline_table_says_what_each_asked_for_outline_was_read_as():
+    from train.detect import Detection
+    from train.evaluate import outline_table
+    from train.shapes import Scene
+
+    def row(asked: str, read: str | None) -> dict:
+        scene = Scene(shape=asked, colour="red", position="left", size="large", background="blue")
+        found = Detection(background="blue", shape=read, colour="red", position="left")
+        return {"expected": scene, "found": found, **found.scores(scene)}
+
+    table = outline_table([row("star", "star"), row("star", "circle"), row("triangle", None), row("circle", "circle")])
+    lines = table.splitlines()
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    by_shape = {cells[0]: dict(zip(header, cells, strict=True))
+                for cells in ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:])}
+    assert by_shape["star"]["right"] == "1/2" and by_shape["star"]["read as circle"] == "1"
+    assert by_shape["triangle"]["right"] == "0/1" and by_shape["triangle"]["read as nothing"] == "1"
+    assert by_shape["circle"]["right"] == "1/1"
