@@ -36,6 +36,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -183,17 +184,25 @@ class ARBench:
         return result
 
 
-def run_ar(report: dict, tiny: bool, device: torch.device, dtype: torch.dtype) -> None:
-    state: dict = {}
+B = TypeVar("B")
+
+
+def _build(report: dict, name: str, make: Callable[[], B], model: Callable[[B], torch.nn.Module]) -> B | None:
+    """A bench built as the part ``name`` (its parameter count recorded); None when building it failed."""
+    built: list[B] = []
 
     def build() -> dict:
-        state["ar"] = ARBench(tiny, device, dtype)
-        return {"parameters": sum(p.numel() for p in state["ar"].loaded.model.parameters())}
+        built.append(make())
+        return {"parameters": sum(p.numel() for p in model(built[0]).parameters())}
 
-    _part(report, "ar_build", build)
-    if "ar" not in state:
+    _part(report, name, build)
+    return built[0] if built else None
+
+
+def run_ar(report: dict, tiny: bool, device: torch.device, dtype: torch.dtype) -> None:
+    ar = _build(report, "ar_build", lambda: ARBench(tiny, device, dtype), lambda b: b.loaded.model)
+    if ar is None:
         return
-    ar: ARBench = state["ar"]
     _part(report, "ar_layers", ar.layers)
     positions = [700, 2200]
     decode: dict = {"positions": positions}
@@ -212,7 +221,6 @@ def run_ar(report: dict, tiny: bool, device: torch.device, dtype: torch.dtype) -
         report["ar_decode"] = decode
     else:
         report["ar_decode"] = {"skipped": "needs CUDA (the step's GPU time)"}
-    del state["ar"]
 
 
 # -- the DiT ---------------------------------------------------------------------------------------------------------
@@ -307,16 +315,9 @@ class DiTBench:
 
 
 def run_dit(report: dict, tiny: bool, device: torch.device, dtype: torch.dtype) -> None:
-    state: dict = {}
-
-    def build() -> dict:
-        state["dit"] = DiTBench(tiny, device, dtype)
-        return {"parameters": sum(p.numel() for p in state["dit"].pipeline.transformer.parameters())}
-
-    _part(report, "dit_build", build)
-    if "dit" not in state:
+    dit = _build(report, "dit_build", lambda: DiTBench(tiny, device, dtype), lambda b: b.pipeline.transformer)
+    if dit is None:
         return
-    dit: DiTBench = state["dit"]
     velocities: dict[str, torch.Tensor] = {}
     step: dict = {}
     _part(report, "dit_layers", dit.layers)
@@ -371,7 +372,6 @@ def run_dit(report: dict, tiny: bool, device: torch.device, dtype: torch.dtype) 
                 "psnr_db": psnr(dit.images["bf16"], dit.images["fp8"])}
 
     _part(report, "image", compare)
-    del state["dit"]
 
 
 # -- summary ---------------------------------------------------------------------------------------------------------

@@ -16,8 +16,7 @@ from protos.knobs import MAMMOTHMODA2_KNOBS
 from train import architecture
 from train.detect import detect
 from train.shapes import IMAGE_SIZE, examples, split_scenes
-from train.stages import grid
-from train.visual_tokens import grid_token_ids, scene_codes
+from train.stages import grid, scene_grid_ids
 
 DEFAULT_STEPS = MAMMOTHMODA2_KNOBS.by_name["num_inference_steps"].default
 DEFAULT_GUIDANCE = MAMMOTHMODA2_KNOBS.by_name["text_guidance_scale"].default
@@ -55,8 +54,7 @@ def held_out_accuracy(ar, pipeline, count: int, checks: tuple[CheckConfig, ...] 
         if time.monotonic() - start > budget_s:
             break
         result = generate_grid(ar, prompt_ids_for(tokenizer, ex.caption, g), g, t2i, SamplingParams(temperature=0.0), seed + i)
-        truth = grid_token_ids(scene_codes(ex.scene, architecture.SERVING.pixels_per_token), t2i.visual_token_start_id,
-                               t2i.eol_token_id)
+        truth = scene_grid_ids(ex.scene)
         cells = sum(a == b for a, b in zip(result.token_ids, truth, strict=False)) / len(truth)
         for total, (steps, guidance, scramble) in zip(totals, checks, strict=True):
             text, image = result.text_condition, result.image_condition

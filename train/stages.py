@@ -21,7 +21,7 @@ from ar_service.model.modeling import MammothModa2AR
 from ar_service.model.tokenizer import build_tokenizer
 from ar_service.prompt import Grid, grid_for_size
 from train import architecture
-from train.shapes import IMAGE_SIZE, Example, examples, render, split_scenes
+from train.shapes import IMAGE_SIZE, Example, Scene, examples, render, split_scenes
 from train.visual_tokens import grid_token_ids, scene_codes
 
 
@@ -188,15 +188,20 @@ class TokenBatch:
     grid_ids: list[list[int]]
 
 
-def token_batch(examples_: list[Example], tokenizer, device) -> TokenBatch:
+def scene_grid_ids(scene: Scene) -> list[int]:
+    """The AR's generated ids for ``scene``: its visual tokens row by row, each row closed by an EOL."""
     t2i = architecture.t2i()
+    codes = scene_codes(scene, architecture.SERVING.pixels_per_token)
+    return grid_token_ids(codes, t2i.visual_token_start_id, t2i.eol_token_id)
+
+
+def token_batch(examples_: list[Example], tokenizer, device) -> TokenBatch:
     g = grid()
-    cell = architecture.SERVING.pixels_per_token
-    codes = {}
+    codes: dict[Scene, list[int]] = {}
     rows, prompt_lengths, grids = [], [], []
     for ex in examples_:
         if ex.scene not in codes:
-            codes[ex.scene] = grid_token_ids(scene_codes(ex.scene, cell), t2i.visual_token_start_id, t2i.eol_token_id)
+            codes[ex.scene] = scene_grid_ids(ex.scene)
         prompt = prompt_ids_for(tokenizer, ex.caption, g)
         rows.append(prompt + codes[ex.scene])
         prompt_lengths.append(len(prompt))

@@ -35,6 +35,7 @@ from dit_service.model.sampler import (
 )
 from dit_service.model.transformer import MammothDiT, quantize_fp8_
 from dit_service.model.weights import load_strict, materialize, random_init_
+from servicekit.fp8 import unknown_quantization
 
 if TYPE_CHECKING:
     from servicekit.checkpoint import PipelineCheckpoint
@@ -105,10 +106,10 @@ class DiTPipeline:
     def quantize(self, quantization: str) -> None:
         """``quantization`` "fp8": the transformer's block linears become FP8 matmuls (``transformer.quantize_fp8_``);
         "none" leaves the model as loaded. Call before ``use_cuda_graphs`` and ``warm_up``."""
+        if (unknown := unknown_quantization(quantization)) is not None:
+            raise ValueError(unknown)
         if quantization == "fp8":
             quantize_fp8_(self.transformer)
-        elif quantization != "none":
-            raise ValueError(f"quantization must be 'none' or 'fp8'; got {quantization!r}")
 
     def use_cuda_graphs(self, max_graphs: int) -> None:
         """Replays the denoise step's transformer call from CUDA graphs (cuda_graphs.py); no effect off CUDA or with
