@@ -11,6 +11,9 @@ TORCH_SPEC ?= torch>=2.4
 MODEL_DIR ?= train/checkpoints/shapes
 TINY_DIR := models/tiny
 PYTEST_ARGS ?=
+# The suite runs in this many pytest-xdist workers, one test file per worker at a time (most of its time is spent
+# starting and waiting on service processes); 0 runs it in this process.
+PYTEST_WORKERS ?= 2
 # checkov scans the Kubernetes manifests (tests/test_k8s_manifests.py); it lives in an environment of its own
 # because its pinned dependencies would downgrade torch's.
 CHECKOV_VENV ?= .venv-checkov
@@ -47,7 +50,7 @@ up: install model
 	$(BIN)/python -m tools.run_all --model-dir $(MODEL_DIR)
 
 test: install model checkov
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # ruff (pyflakes, pycodestyle, isort, bugbear, pyupgrade) over the tree, mypy over the five packages;
 # both configured in pyproject.toml.

@@ -7,37 +7,10 @@ from typing import Any
 
 from protos.status import RequestRejected
 
-
-@dataclass(frozen=True)
-class Progress:
-    index: int
-    stage: str  # "ar_decode" (rows) or "denoise" (steps)
-    step: int
-    total: int
-
-
-@dataclass(frozen=True)
-class FinishedImage:
-    index: int
-    seed: int
-    format: str
-    data: bytes
-    width: int
-    height: int
-
-
-@dataclass(frozen=True)
-class PreviewImage:
-    """A partial image of image ``index`` from the renderer, after ``step`` of ``total`` denoising steps."""
-
-    index: int
-    partial_index: int
-    step: int
-    total: int
-    format: str
-    data: bytes
-    width: int
-    height: int
+# the renderer's events, relayed as they are: events.Progress, events.PreviewImage, events.FinishedImage
+from servicekit.image_events import FinishedImage as FinishedImage
+from servicekit.image_events import PreviewImage as PreviewImage
+from servicekit.image_events import Progress as Progress
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,7 @@ class RenderSession:
         self._outbox: queue.Queue[Any] = queue.Queue()
         self._outbox.put(dit_pb2.RenderInput(header=header.to_proto()))
         self._on_event = on_event
+        self._completed = False  # the renderer sent its ``completed`` event
         self._span = tracing.start_span(
             "ar.render", kind="client", request_id=header.request_id, image_index=header.index, seed=header.seed
         )
@@ -100,6 +101,10 @@ class RenderSession:
         self._outbox.put(_CLOSE)
 
     def cancel(self) -> None:
+        """Ends the stream early; nothing to do once the renderer reported completion (its OK status is on the
+        way, and a cancel racing it would mark a finished render as cancelled)."""
+        if self._completed:
+            return
         self._call.cancel()
         self._outbox.put(_CLOSE)
 
@@ -142,6 +147,7 @@ class RenderSession:
                 p.index, p.partial_index, p.step, p.total, format_name(p.format), p.data, p.width, p.height
             )
         if kind == "completed":
+            self._completed = True
             timings = {f.name: getattr(event.completed.timings, f.name) for f in common_pb2.StageTimings.DESCRIPTOR.fields}
             return events.RenderDone(self.index, timings)
         return None

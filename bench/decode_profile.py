@@ -1,6 +1,7 @@
 """Where an AR decode step's time goes, and what each kernel choice costs (a GPU is advised).
 
-    python -m bench.decode_profile [--preview] [--rows 1,8] [--positions 700,4200] [--tune] [--out FILE]
+    python -m bench.decode_profile [--preview] [--rows 1,8] [--positions 700,4200] [--tune] [--quantization fp8]
+        [--out FILE]
 
 For each kernel set of ``--kernels`` ("torch": cuBLAS, torch.compile'd layer bodies, length buckets; "triton":
 ``ar_service/model/decode_kernels.py``; "triton+fold": the same with the RMSNorm folded into the linear kernels)
@@ -8,7 +9,10 @@ it reports: the replay time of one captured step for each row count
 and cached length; the time of the step's linear layers alone (every layer's weights once, in a graph) with
 cuBLAS and with the Triton kernel, as bytes read / time against the measured copy bandwidth; the sampler alone;
 and the heaviest kernels of one step (torch.profiler). ``--tune`` times a grid of block shapes of the Triton
-linear kernel for each weight shape. Prints one JSON object (and writes it to --out).
+linear kernel for each weight shape. ``--quantization fp8`` profiles the model with FP8 weights (as the service's
+``--quantization fp8`` loads it): the Triton kernels read e4m3 and the tune covers their block shapes; the cuBLAS
+lines then run on the bf16 weights the FP8 ones came from, the baseline FP8 has to beat. Prints one JSON object
+(and writes it to --out).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from ar_service.model.tiny import write_ar_only_root
 from ar_service.sampling import RowSampling, SamplingParams, sample_rows
 from bench.bounds import copy_bandwidth
 from bench.report import emit
+from servicekit.fp8 import QUANTIZATIONS, dequantize
 
 
 def graph_ms(fn, repeats: int = 20) -> float:
@@ -72,20 +77,27 @@ def step_ms(static: StaticDecoder, rows: int, position: int) -> float:
 
 
 def linear_calls(static: StaticDecoder, rows: int) -> dict[str, list]:
-    """The step's linear layers as the Triton step calls them, by role: (weight, keyword extras) for every layer's
-    fused q/k/v (with RMSNorm and bias), o (with residual), fused gate/up (with RMSNorm and SwiGLU), down (with
-    residual); the generation head."""
+    """The step's linear layers as the Triton step calls them, by role: (input, weight, keyword extras) for every
+    layer's fused q/k/v (with RMSNorm and bias), o (with residual), fused gate/up (with RMSNorm and SwiGLU), down
+    (with residual); the generation head. FP8 weights come with their per-row ``scale``."""
     model = static.model
     hidden, inner = model.config.hidden_size, static._layer_weights[0][8].shape[1]
     x = torch.randn(rows, hidden, device=static.device, dtype=model.dtype)
     calls: dict[str, list] = {"qkv": [], "o": [], "gate_up": [], "down": []}
-    for n1, e1, qkv_w, qkv_b, ow, n2, e2, gate_up_w, dw in static._layer_weights:
-        calls["qkv"].append((x, qkv_w, {"bias": qkv_b, "norm": (n1, e1)}))
-        calls["o"].append((x, ow, {"residual": x}))
-        calls["gate_up"].append((x, gate_up_w, {"norm": (n2, e2), "swiglu": True}))
-        calls["down"].append((torch.randn(rows, inner, device=x.device, dtype=x.dtype), dw, {"residual": x}))
-    calls["gen_head"] = [(x, model.gen_head.weight, {})]
+    for i, (n1, e1, qkv_w, qkv_b, ow, n2, e2, gate_up_w, dw) in enumerate(static._layer_weights):
+        qkv_s, o_s, gate_up_s, down_s = static._layer_scales[i] or (None, None, None, None)
+        calls["qkv"].append((x, qkv_w, {"bias": qkv_b, "norm": (n1, e1), "scale": qkv_s}))
+        calls["o"].append((x, ow, {"residual": x, "scale": o_s}))
+        calls["gate_up"].append((x, gate_up_w, {"norm": (n2, e2), "swiglu": True, "scale": gate_up_s}))
+        calls["down"].append((torch.randn(rows, inner, device=x.device, dtype=x.dtype), dw, {"residual": x, "scale": down_s}))
+    calls["gen_head"] = [(x, model.gen_head.weight, {"scale": getattr(model.gen_head, "weight_scale", None)})]
     return calls
+
+
+def cublas_weight(weight: torch.Tensor, extra: dict, dtype: torch.dtype) -> torch.Tensor:
+    """The weight cuBLAS multiplies by: itself, or for an FP8 weight the bf16 one it was quantized from."""
+    scale = extra.get("scale")
+    return weight if scale is None else dequantize(weight, scale, dtype)
 
 
 def calls_bytes(calls: dict[str, list]) -> int:
@@ -96,7 +108,8 @@ def linears_ms(calls: dict[str, list], kind: str, blocks=None) -> float:
     """All ``calls`` in one graph: plain cuBLAS linears, or the Triton kernel with the step's extras folded in."""
     group = [c for cs in calls.values() for c in cs]
     if kind == "cublas":
-        return graph_ms(lambda: [F.linear(x, w) for x, w, _ in group])
+        plain = [(x, cublas_weight(w, extra, x.dtype)) for x, w, extra in group]
+        return graph_ms(lambda: [F.linear(x, w) for x, w in plain])
     return graph_ms(lambda: [decode_kernels.linear(x, w, blocks=blocks, **extra) for x, w, extra in group])
 
 
@@ -162,15 +175,18 @@ def main() -> None:
     parser.add_argument("--kernels", default="torch,triton,triton+fold",
                         help="kernel sets to compare (triton+fold: RMSNorm folded into the linear kernels)")
     parser.add_argument("--tune", action="store_true")
+    parser.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
+                        help="fp8: the model as the service loads it with --quantization fp8")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     rows_list = [int(r) for r in args.rows.split(",")]
     positions = [int(p) for p in args.positions.split(",")]
     root = write_ar_only_root(Path(tempfile.mkdtemp()) / "ar", preview=args.preview, weights=not args.preview)
-    model = load_ar(root, device="cuda", dtype=torch.bfloat16, random_weights=args.preview).model
+    model = load_ar(root, device="cuda", dtype=torch.bfloat16, random_weights=args.preview,
+                    quantization=args.quantization).model
     bandwidth = copy_bandwidth("cuda")["gb_per_s"]
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_gb_per_s": bandwidth,
-              "kernels": {}}
+              "quantization": args.quantization, "kernels": {}}
     print("copy GB/s", bandwidth, flush=True)
     slots, max_positions = max(rows_list), max(positions) + 64
     for kernels in args.kernels.split(","):

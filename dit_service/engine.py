@@ -41,6 +41,7 @@ from protos.knobs import KnobTable
 from protos.previews import MAX_PARTIAL_IMAGES, preview_steps
 from protos.status import RequestRejected
 from servicekit import tracing
+from servicekit.image_events import FinishedImage, PreviewImage, Progress
 from servicekit.profiling import BusyProfiler, stage
 
 log = logging.getLogger(__name__)
@@ -48,38 +49,6 @@ log = logging.getLogger(__name__)
 FORMATS = ("png", "jpeg", "webp")
 CONDITION_KINDS = ("text", "image", "negative")
 MAX_IMAGES = 10
-
-
-@dataclass(frozen=True)
-class Progress:
-    index: int
-    stage: str
-    step: int
-    total: int
-
-
-@dataclass(frozen=True)
-class FinishedImage:
-    index: int
-    seed: int
-    format: str
-    data: bytes
-    width: int
-    height: int
-
-
-@dataclass(frozen=True)
-class PreviewImage:
-    """A partial image: what the denoise predicts after ``step`` of ``total`` steps (preview.py)."""
-
-    index: int
-    partial_index: int
-    step: int
-    total: int
-    format: str
-    data: bytes
-    width: int
-    height: int
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ as separate commands), else from fresh weights.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import random
 import time
@@ -36,6 +37,7 @@ def parser(description: str, with_stages: bool) -> argparse.ArgumentParser:
     p.add_argument("--scale", choices=sorted(stages.SCALES), default="full", help="data and step counts (micro: CPU test)")
     for name in STAGES:
         p.add_argument(f"--budget-{name}", type=float, default=DEFAULT_BUDGET_S[name], help=f"seconds of {name} training at most")
+    p.add_argument("--dit-batch", type=int, help="DiT batch size (default: the scale's)")
     p.add_argument("--eval-budget", type=float, default=40.0, help="seconds for the in-process held-out check (0: skip)")
     return p
 
@@ -54,6 +56,8 @@ def run(args: argparse.Namespace, names: list[str]) -> dict:
         torch.backends.cudnn.allow_tf32 = True
     seed_everything(args.seed)
     scale = stages.SCALES[args.scale]
+    if args.dit_batch:
+        scale = dataclasses.replace(scale, dit_batch=args.dit_batch)
     continued = (args.out / CONFIG_FILE).is_file()
     if continued:
         ar, dit, vae = checkpoint.load(args.out, device, args.seed)

@@ -192,7 +192,7 @@ def test_triton_step_is_batch_invariant_to_the_bit(setup, few_splits, fold_norms
     tiny_ar, sampling, prefix = setup
     static = StaticDecoder(tiny_ar.model, slots=4, max_positions=300, kernels="triton", fold_norms=fold_norms)
     decoder = SlotDecoder(static)
-    grid = grid_for_size(64, 48, 16)
+    grid = grid_for_size(48, 32, 16)
     ids = prompt_ids_for(tiny_ar.tokenizer, "a cat", grid)
     alone = generate_grid(tiny_ar.model, ids, grid, tiny_ar.t2i, sampling, 5, prefix=prefix, decoder=decoder)
 
@@ -204,8 +204,10 @@ def test_triton_step_is_batch_invariant_to_the_bit(setup, few_splits, fold_norms
         return s
 
     rows: list[torch.Tensor] = []
-    joiners = [stream(f"dog number {k}", (32 + 16 * k, 32), 100 + k, []) for k in range(3)]
-    target = stream("a cat", (64, 48), 5, rows)  # the last slot: every step runs all four rows
+    # Joiners of 6, 4 and 3 tokens (with EOLs; the last listed joins first), one every second step: the target's
+    # 8 steps run beside 1, 2, 3, then 4 rows, then fewer as the joiners finish.
+    joiners = [stream(f"dog number {k}", size, 100 + k, []) for k, size in enumerate([(32, 16), (48, 16), (32, 32)])]
+    target = stream("a cat", (48, 32), 5, rows)
     decode_together(decoder, [target], joiners, join_every=2)
     assert target.tokens == alone.token_ids
     assert torch.equal(torch.cat(rows), alone.image_condition)

@@ -19,11 +19,13 @@ from train.stages import grid
 
 def test_micro_training_writes_a_checkpoint_the_services_load(tmp_path):
     out = tmp_path / "model"
-    args = parser("test", with_stages=False).parse_args(["--out", str(out), "--device", "cpu", "--scale", "micro"])
+    args = parser("test", with_stages=False).parse_args(
+        ["--out", str(out), "--device", "cpu", "--scale", "micro", "--dit-batch", "3"])
     record = run(args, ["vae", "ar", "dit"])
 
     assert [s["stage"] for s in record["stages"]] == ["vae", "ar", "dit"]
     assert all(s["steps"] >= 1 and s["losses"] for s in record["stages"])
+    assert record["stages"][2]["data"]["batch"] == 3  # --dit-batch over the scale's 4
     files = sorted(p.name for p in out.iterdir())
     assert len(files) <= 6 and (out / "model.safetensors").stat().st_size < 16 * 2**20, files
     log = json.loads((tmp_path / report.LOG_NAME).read_text())
