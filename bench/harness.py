@@ -432,6 +432,21 @@ def sweep(args: argparse.Namespace, stack: ServiceStack, watch: GpuMemoryWatch, 
         send.close()
 
 
+def add_run_options(parser: argparse.ArgumentParser, knob_note: str = "") -> None:
+    """What every benchmark that starts the services asks alike: the model, the device, the requests' seed,
+    guidance and knobs, and their deadline (bench.harness, bench.saturation)."""
+    note = f", {knob_note}" if knob_note else ""
+    parser.add_argument("--seed", type=int, default=0, help="base seed; request k uses seed + k")
+    parser.add_argument("--guidance", type=float, default=None, help="text_guidance_scale (default: the model's)")
+    parser.add_argument("--knob", type=parse_knob, action="append", default=[],
+                        help=f"KEY=VALUE (JSON value): a per-model knob sent with every request{note}; "
+                             "repeatable (e.g. --knob ar_cfg_scale=1)")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tiny", action="store_true", help="the tiny model with its own weights (e.g. --device cpu)")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/ardit-bench"), help="where the model directory goes")
+    parser.add_argument("--timeout-s", type=float, default=3600.0, help="deadline of one request (client and gateway)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.harness", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True,
@@ -443,17 +458,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="SIZE=C pairs, comma-separated: skip concurrencies above C at that size (e.g. 1024=2)")
     parser.add_argument("--requests", type=int, default=0, help="requests per point (default max(4, 2 * c))")
     parser.add_argument("--warmup", type=int, default=1, help="uncounted requests per size before measuring")
-    parser.add_argument("--seed", type=int, default=0, help="base seed; request k uses seed + k")
-    parser.add_argument("--guidance", type=float, default=None, help="text_guidance_scale (default: the model's)")
-    parser.add_argument("--knob", type=parse_knob, action="append", default=[],
-                        help="KEY=VALUE (JSON value): a per-model knob sent with every request, also in process; "
-                             "repeatable (e.g. --knob ar_cfg_scale=1)")
+    add_run_options(parser, knob_note="also in process")
     parser.add_argument("--via", choices=("rest", "grpc"), default="rest",
                         help="rest: the gateway's OpenAI API; grpc: ar_service's GenerateImage")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--tiny", action="store_true", help="the tiny model with its own weights (e.g. --device cpu)")
-    parser.add_argument("--workdir", type=Path, default=Path("/tmp/ardit-bench"), help="where the model directory goes")
-    parser.add_argument("--timeout-s", type=float, default=3600.0, help="deadline of one request (client and gateway)")
     parser.add_argument("--extra-ar", default="",
                         help="extra ar_service flags, space-separated, given after an = (--extra-ar=--deterministic)")
     parser.add_argument("--extra-dit", default="", help="extra dit_service flags, space-separated (as --extra-ar)")

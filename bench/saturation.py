@@ -48,10 +48,10 @@ from bench.harness import (
     Outcome,
     _engine_deltas,
     _engine_status,
+    add_run_options,
     latency_summary,
     machine_info,
     outcome_of,
-    parse_knob,
     request_body,
     stage_means,
 )
@@ -328,20 +328,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the window lasts at least this many times the warm-up's mean latency")
     parser.add_argument("--max-window-s", type=float, default=120.0, help="longest measured window per point")
     parser.add_argument("--ramp-s", type=float, default=0.0, help="spread the clients' first requests over this long")
-    parser.add_argument("--seed", type=int, default=0, help="base seed; request k of the run uses seed + k")
-    parser.add_argument("--guidance", type=float, default=None, help="text_guidance_scale (default: the model's)")
-    parser.add_argument("--knob", type=parse_knob, action="append", default=[],
-                        help="KEY=VALUE (JSON value): a per-model knob sent with every request; repeatable")
+    add_run_options(parser)
     parser.add_argument("--service-arg", action="append", default=[],
                         help="a flag for both model services, after the saturation settings (repeatable; "
                              "e.g. --service-arg --quantization=fp8)")
     parser.add_argument("--ar-arg", action="append", default=[], help="a flag for ar_service only (repeatable)")
     parser.add_argument("--dit-arg", action="append", default=[], help="a flag for dit_service only (repeatable)")
     parser.add_argument("--label", default=None, help="precision label of the run (default: fp8 or the dtype)")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--tiny", action="store_true", help="the tiny model with its own weights (e.g. --device cpu)")
-    parser.add_argument("--workdir", type=Path, default=Path("/tmp/ardit-bench"), help="where the model directory goes")
-    parser.add_argument("--timeout-s", type=float, default=3600.0, help="deadline of one request (client and gateway)")
     return parser
 
 

@@ -52,17 +52,18 @@ def unsupported_reason(device: torch.device) -> str | None:
     return None
 
 
-def unknown_quantization(quantization: str) -> str | None:
-    """Why ``quantization`` is not a value this module knows (None when it is one of QUANTIZATIONS)."""
-    if quantization in QUANTIZATIONS:
-        return None
-    return f"quantization must be {' or '.join(map(repr, QUANTIZATIONS))}; got {quantization!r}"
+def check_quantization(quantization: str) -> None:
+    """Raises ValueError naming the accepted values unless ``quantization`` is one of QUANTIZATIONS."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be {' or '.join(map(repr, QUANTIZATIONS))}; got {quantization!r}")
 
 
 def check_device(quantization: str, device: torch.device, dtype: torch.dtype) -> None:
     """Refuses the start (one line, exit status 1) when ``quantization`` cannot run on ``device`` in ``dtype``."""
-    if (unknown := unknown_quantization(quantization)) is not None:
-        raise SystemExit(unknown)
+    try:
+        check_quantization(quantization)
+    except ValueError as unknown:
+        raise SystemExit(str(unknown)) from None
     if quantization != "fp8":
         return
     if (reason := unsupported_reason(device)) is not None:

@@ -21,7 +21,7 @@ from ar_service.model.modeling import MammothModa2AR
 from ar_service.model.quantize import quantize_ar_
 from ar_service.model.t2i_config import T2I_CONFIG_NAME, T2IGenerationConfig
 from servicekit.checkpoint import PipelineCheckpoint, open_checkpoint
-from servicekit.fp8 import unknown_quantization
+from servicekit.fp8 import check_quantization
 
 log = logging.getLogger(__name__)
 
@@ -168,8 +168,7 @@ def load_ar(
         model = build_random_ar(config, device, dtype, seed)
     else:
         model = load_ar_weights(checkpoint, config, device, dtype)
-    if (unknown := unknown_quantization(quantization)) is not None:
-        raise ValueError(unknown)
+    check_quantization(quantization)
     if quantization == "fp8":
         quantize_ar_(model)
     return LoadedAR(model=model, tokenizer=tokenizer, t2i=t2i, config=config, checkpoint=checkpoint)

@@ -35,7 +35,7 @@ from dit_service.model.sampler import (
 )
 from dit_service.model.transformer import MammothDiT, quantize_fp8_
 from dit_service.model.weights import load_strict, materialize, random_init_
-from servicekit.fp8 import unknown_quantization
+from servicekit.fp8 import check_quantization
 
 if TYPE_CHECKING:
     from servicekit.checkpoint import PipelineCheckpoint
@@ -106,8 +106,7 @@ class DiTPipeline:
     def quantize(self, quantization: str) -> None:
         """``quantization`` "fp8": the transformer's block linears become FP8 matmuls (``transformer.quantize_fp8_``);
         "none" leaves the model as loaded. Call before ``use_cuda_graphs`` and ``warm_up``."""
-        if (unknown := unknown_quantization(quantization)) is not None:
-            raise ValueError(unknown)
+        check_quantization(quantization)
         if quantization == "fp8":
             quantize_fp8_(self.transformer)
 

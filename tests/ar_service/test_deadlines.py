@@ -3,16 +3,15 @@ rendering through a stand-in Renderer that records the deadline each Render call
 
 from __future__ import annotations
 
-from concurrent import futures
-
 import grpc
 import pytest
 
 from ar_service.render_client import GrpcRenderer
 from ar_service.server import NO_DEADLINE_BEYOND_S, build_server
-from protos import ar_pb2, ar_pb2_grpc, channels, dit_pb2_grpc
+from protos import ar_pb2, ar_pb2_grpc, dit_pb2_grpc
 from protos.status import abort
 from servicekit.checkpoint import open_checkpoint
+from tests.ar_service.fake_renderer import serve_renderer
 from tests.ar_service.test_ar_batching import make_engine
 
 
@@ -31,12 +30,8 @@ class RecordingRenderer(dit_pb2_grpc.RendererServicer):
 @pytest.fixture()
 def recording_dit():
     servicer = RecordingRenderer()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=channels.server_options())
-    dit_pb2_grpc.add_RendererServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield servicer, f"127.0.0.1:{port}"
-    server.stop(grace=None)
+    with serve_renderer(servicer) as address:
+        yield servicer, address
 
 
 @pytest.fixture()

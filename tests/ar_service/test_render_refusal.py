@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from concurrent import futures
-
 import grpc
 import pytest
 
 from ar_service import events
 from ar_service.render_client import GrpcRenderer
-from protos import channels, dit_pb2_grpc
+from protos import dit_pb2_grpc
 from protos.status import abort
 from servicekit.checkpoint import open_checkpoint
+from tests.ar_service.fake_renderer import serve_renderer
 from tests.ar_service.test_ar_batching import make_engine, wait_done
 
 
@@ -23,12 +22,8 @@ class BusyRenderer(dit_pb2_grpc.RendererServicer):
 
 @pytest.fixture()
 def busy_dit():
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=channels.server_options())
-    dit_pb2_grpc.add_RendererServicer_to_server(BusyRenderer(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield f"127.0.0.1:{port}"
-    server.stop(grace=None)
+    with serve_renderer(BusyRenderer()) as address:
+        yield address
 
 
 def test_dit_refusal_keeps_its_code_and_retry_after(tiny_ar, tiny_root, busy_dit):

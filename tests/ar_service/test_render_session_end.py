@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent import futures
 
 import grpc
 import pytest
 
 from ar_service import events
 from ar_service.render_client import GrpcRenderer, RenderHeader
-from protos import channels, dit_pb2, dit_pb2_grpc
+from protos import dit_pb2, dit_pb2_grpc
+from tests.ar_service.fake_renderer import serve_renderer
 
 SLOW_CLOSE_S = 1.0
 
@@ -32,12 +32,8 @@ class SlowToCloseRenderer(dit_pb2_grpc.RendererServicer):
 
 @pytest.fixture()
 def slow_dit():
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=channels.server_options())
-    dit_pb2_grpc.add_RendererServicer_to_server(SlowToCloseRenderer(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield f"127.0.0.1:{port}"
-    server.stop(grace=None)
+    with serve_renderer(SlowToCloseRenderer()) as address:
+        yield address
 
 
 def test_cancel_after_completion_leaves_the_call_ok(slow_dit):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 
 import pytest
 
@@ -21,19 +20,15 @@ SERVICE_STAGES = ("ar_prefill_ms", "ar_decode_ms", "ar_tokens", "condition_trans
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, without_ardit_env):
     out = tmp_path_factory.mktemp("bench")
-    saved = {key: os.environ.pop(key) for key in list(os.environ) if key.startswith("ARDIT_")}
-    try:
-        code = harness.main([
-            "--out", str(out), "--tiny", "--device", "cpu", "--points", f"{SIZE}:{STEPS}",
-            "--concurrency", ",".join(map(str, CONCURRENCY)), "--requests", str(REQUESTS),
-            "--inprocess-requests", "1", "--workdir", str(out / "models"),
-            "--bounds-copy-mib", "4,16", "--bounds-matmul", "128,256x128x64", "--bounds-windows", "2",
-            "--bounds-warm-s", "0", "--bounds-max-warm-s", "0.5",
-        ])
-    finally:
-        os.environ.update(saved)
+    code = harness.main([
+        "--out", str(out), "--tiny", "--device", "cpu", "--points", f"{SIZE}:{STEPS}",
+        "--concurrency", ",".join(map(str, CONCURRENCY)), "--requests", str(REQUESTS),
+        "--inprocess-requests", "1", "--workdir", str(out / "models"),
+        "--bounds-copy-mib", "4,16", "--bounds-matmul", "128,256x128x64", "--bounds-windows", "2",
+        "--bounds-warm-s", "0", "--bounds-max-warm-s", "0.5",
+    ])
     assert code == 0
     return out, json.loads((out / harness.RAW_NAME).read_text())
 

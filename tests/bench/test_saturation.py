@@ -4,7 +4,6 @@ requests cancelled, engine histograms read, the report's targets. Checks what it
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -14,17 +13,13 @@ SIZE, STEPS, CLIENTS = 64, 2, 3
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, without_ardit_env):
     out = tmp_path_factory.mktemp("saturation")
-    saved = {key: os.environ.pop(key) for key in list(os.environ) if key.startswith("ARDIT_")}
-    try:
-        code = saturation.main([
-            "--out", str(out), "--tiny", "--device", "cpu", "--points", f"{SIZE}:{STEPS}:{CLIENTS}",
-            "--warmup-s", "0.5", "--window-s", "2", "--window-latencies", "0", "--workdir", str(out / "models"),
-            "--service-arg", "--log-level=info", "--dit-arg", "--batch-window-s", "--dit-arg=0.05",
-        ])
-    finally:
-        os.environ.update(saved)
+    code = saturation.main([
+        "--out", str(out), "--tiny", "--device", "cpu", "--points", f"{SIZE}:{STEPS}:{CLIENTS}",
+        "--warmup-s", "0.5", "--window-s", "2", "--window-latencies", "0", "--workdir", str(out / "models"),
+        "--service-arg", "--log-level=info", "--dit-arg", "--batch-window-s", "--dit-arg=0.05",
+    ])
     assert code == 0
     return out, json.loads((out / saturation.RESULT_NAME).read_text())
 
