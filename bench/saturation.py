@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench import saturation_report
 from bench.harness import (
@@ -136,15 +137,8 @@ def scrape(url: str) -> dict[str, float]:
         text = httpx.get(url, timeout=5).text
     except httpx.HTTPError:
         return {}
-    samples = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name.endswith(("_sum", "_count")):
-            try:
-                samples[name] = float(value)
-            except ValueError:
-                continue
-    return samples
+    return {sample.name: sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+            if sample.name.endswith(("_sum", "_count"))}
 
 
 def batch_figures(before: dict[str, dict], after: dict[str, dict], window_s: float) -> dict:
