@@ -59,6 +59,12 @@ def table(rates: dict, count: int) -> str:
     return "\n".join(lines)
 
 
+def add_knob_options(p: argparse.ArgumentParser) -> None:
+    """``--steps`` and ``--guidance``, read back by ``knobs_from``."""
+    p.add_argument("--steps", type=int, help="num_inference_steps (default: the service's)")
+    p.add_argument("--guidance", type=float, help="text_guidance_scale (default: the service's)")
+
+
 def knobs_from(args: argparse.Namespace) -> dict:
     """The request knobs that ``--steps`` and ``--guidance`` set (none: the service's defaults)."""
     knobs = {}
@@ -88,8 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--url", default="http://127.0.0.1:8000")
     p.add_argument("-n", type=int, default=200, help="held-out captions to send")
     p.add_argument("--seed", type=int, default=0, help="picks the captions; image i uses seed + i")
-    p.add_argument("--steps", type=int, help="num_inference_steps (default: the service's)")
-    p.add_argument("--guidance", type=float, help="text_guidance_scale (default: the service's)")
+    add_knob_options(p)
     p.add_argument("--concurrency", type=int, default=2)
     p.add_argument("--show-failures", type=int, default=10, help="print up to this many wrong images' details")
     args = p.parse_args(argv)

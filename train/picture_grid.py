@@ -11,7 +11,7 @@ import httpx
 from PIL import Image, ImageDraw
 
 from train.detect import detect
-from train.evaluate import generate, held_out_examples, knobs_from
+from train.evaluate import add_knob_options, generate, held_out_examples, knobs_from
 
 COLUMNS = 4
 CELL = 256  # each 128x128 image shown at twice its size
@@ -24,8 +24,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=Path("docs/shapes_grid.png"))
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("-n", type=int, default=16)
-    p.add_argument("--steps", type=int, help="num_inference_steps (default: the service's)")
-    p.add_argument("--guidance", type=float, help="text_guidance_scale (default: the service's)")
+    add_knob_options(p)
     args = p.parse_args(argv)
     knobs = knobs_from(args)
     cases = held_out_examples(args.n, args.seed)
