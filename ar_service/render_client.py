@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import queue
+import random
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -69,24 +71,55 @@ class RenderHeader:
         return header
 
 
+#: A Render stream that fails before the renderer answered (refused for load, or its replica died) is tried once
+#: more: a new call, which round_robin gives the next ready replica, replays everything sent so far. gRPC's own
+#: retries stay off on the Render channel: a client stream that gRPC retried was seen to lose messages sent
+#: around the failure (grpcio 1.85), which the renderer can only report as a malformed stream.
+RENDER_ATTEMPTS = 2
+_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+#: The copy kept for a replay stops growing here; a stream past it that fails before its answer is not retried.
+REPLAY_LIMIT_BYTES = 256 * 1024 * 1024
+_RETRY_BACKOFF_S = 0.1  # at most, jittered: the policy gRPC applied to the other calls
+
+
 class RenderSession:
     """One open Render stream: the engine pushes condition pieces, events come back on a thread.
 
-    Traced as one ``ar.render`` span (kind CLIENT) under the current context, from open to the stream's end;
-    the channel's interceptor sends it to dit_service as the call's traceparent.
+    Until the renderer's first answer, the session keeps what it sent, so that a refused or broken attempt can be
+    replayed whole on another replica (``RENDER_ATTEMPTS``); after it, a failure is final: a render that started is
+    never run twice. Traced as one ``ar.render`` span (kind CLIENT) under the current context, from open to the
+    stream's end; the channel's interceptor sends it to dit_service as each attempt's traceparent.
     """
 
-    def __init__(self, stub: dit_pb2_grpc.RendererStub, header: RenderHeader, on_event: Callable[[object], None], timeout: float | None):
+    def __init__(
+        self,
+        stub: dit_pb2_grpc.RendererStub,
+        header: RenderHeader,
+        on_event: Callable[[object], None],
+        timeout: float | None,
+        attempts: int = RENDER_ATTEMPTS,
+    ):
         self.index = header.index
-        self._outbox: queue.Queue[Any] = queue.Queue()
-        self._outbox.put(dit_pb2.RenderInput(header=header.to_proto()))
+        self.request_id = header.request_id
+        self._stub = stub
         self._on_event = on_event
+        self._deadline = None if timeout is None else time.monotonic() + timeout
+        self._max_attempts = attempts
+        self.attempts = 0  # calls opened so far
+        self._lock = threading.Lock()  # the outbox, call and replay copy change together on a retry
+        self._replay: list[dit_pb2.RenderInput] | None = []  # what a new attempt resends; None once answered
+        self._replay_bytes = 0
+        self._finished = False  # the end marker was queued
+        self._cancelled = False
+        self._answered = False  # the renderer sent something: the call is committed to its replica
         self._completed = False  # the renderer sent its ``completed`` event
         self._span = tracing.start_span(
             "ar.render", kind="client", request_id=header.request_id, image_index=header.index, seed=header.seed
         )
-        with tracing.use(tracing.context_of(self._span)):
-            self._call = stub.Render(iter(self._outbox.get, _CLOSE), timeout=timeout)
+        with self._lock:
+            self._outbox: queue.Queue[Any] = queue.Queue()
+            self._put(dit_pb2.RenderInput(header=header.to_proto()))
+            self._call = self._start_attempt(timeout)
         self._reader = threading.Thread(target=self._read, name=f"render-{header.request_id}-{header.index}", daemon=True)
         self._reader.start()
 
@@ -94,27 +127,80 @@ class RenderSession:
         """Queues [positions, hidden] states of ``kind`` starting at ``offset``, in chunks under 4 MiB."""
         for start, piece in iter_row_chunks(hidden):
             chunk = dit_pb2.ConditionChunk(kind=KINDS[kind], offset=offset + start, hidden_states=encode_tensor(piece))
-            self._outbox.put(dit_pb2.RenderInput(chunk=chunk))
+            with self._lock:
+                self._put(dit_pb2.RenderInput(chunk=chunk))
 
     def finish(self) -> None:
-        self._outbox.put(dit_pb2.RenderInput(end=dit_pb2.RenderEnd()))
-        self._outbox.put(_CLOSE)
+        with self._lock:
+            self._put(dit_pb2.RenderInput(end=dit_pb2.RenderEnd()))
+            self._finished = True
+            self._outbox.put(_CLOSE)
 
     def cancel(self) -> None:
         """Ends the stream early; nothing to do once the renderer reported completion (its OK status is on the
         way, and a cancel racing it would mark a finished render as cancelled)."""
-        if self._completed:
-            return
-        self._call.cancel()
-        self._outbox.put(_CLOSE)
+        with self._lock:
+            if self._completed:
+                return
+            self._cancelled = True
+            self._call.cancel()
+            self._outbox.put(_CLOSE)
+
+    def _put(self, message: dit_pb2.RenderInput) -> None:
+        """Sends ``message`` on the current attempt and keeps it for a replay (the caller holds the lock)."""
+        self._outbox.put(message)
+        if self._replay is not None:
+            self._replay.append(message)
+            self._replay_bytes += message.ByteSize()
+            if self._replay_bytes > REPLAY_LIMIT_BYTES:
+                self._replay = None
+
+    def _start_attempt(self, timeout: float | None) -> grpc.Call:
+        """Opens a call fed by the current outbox (the caller holds the lock)."""
+        self.attempts += 1
+        with tracing.use(tracing.context_of(self._span)):
+            return self._stub.Render(iter(self._outbox.get, _CLOSE), timeout=timeout)
+
+    def _retry(self, error: grpc.RpcError) -> bool:
+        """Opens the next attempt, replaying what was sent, if ``error`` came before any answer and may pass."""
+        code = effective_code(error)
+        if code not in _RETRYABLE or self.attempts >= self._max_attempts:
+            return False
+        time.sleep(random.uniform(0, _RETRY_BACKOFF_S))
+        with self._lock:
+            remaining = None if self._deadline is None else self._deadline - time.monotonic()
+            if self._cancelled or self._answered or self._replay is None or (remaining is not None and remaining <= 0):
+                return False
+            self._outbox.put(_CLOSE)  # frees the failed attempt's sender
+            self._outbox = queue.Queue()
+            for message in self._replay:
+                self._outbox.put(message)
+            if self._finished:
+                self._outbox.put(_CLOSE)
+            log.info("Render of %s image %d failed before an answer (%s: %s); replaying %d messages on a new call",
+                     self.request_id, self.index, code.name, error.details(), len(self._replay))
+            self._call = self._start_attempt(remaining)
+        return True
 
     def _read(self) -> None:
         error = None
         try:
-            for event in self._call:
-                converted = self._convert(event)
-                if converted is not None:
-                    self._on_event(converted)
+            while True:
+                with self._lock:
+                    call = self._call
+                try:
+                    for event in call:
+                        if not self._answered:
+                            with self._lock:
+                                self._answered = True
+                                self._replay = None
+                        converted = self._convert(event)
+                        if converted is not None:
+                            self._on_event(converted)
+                    return
+                except grpc.RpcError as exc:
+                    if not self._retry(exc):
+                        raise
         except grpc.RpcError as exc:
             code = effective_code(exc)
             error = f"{code.name}: {exc.details()}"
@@ -127,7 +213,7 @@ class RenderSession:
             rejected = RequestRejected(message, param_of(exc), code, retry_after_of(exc))
             self._on_event(events.RenderFailed(self.index, rejected))
         finally:
-            tracing.end_span(self._span, error)
+            tracing.end_span(self._span, error, attempts=self.attempts)
 
     def _convert(self, event: dit_pb2.RenderEvent) -> object | None:
         kind = event.WhichOneof("event")
@@ -159,7 +245,7 @@ class GrpcRenderer:
     def __init__(self, address: str, timeout: float | None = None, tls: ClientTLS | None = None):
         self.address = address
         self.timeout = timeout
-        self._channel = tracing.intercept_channel(open_channel(address, tls, channels.channel_options()))
+        self._channel = tracing.intercept_channel(open_channel(address, tls, channels.channel_options(retries=False)))
         self._stub = dit_pb2_grpc.RendererStub(self._channel)
 
     def open(self, header: RenderHeader, on_event: Callable[[object], None], timeout: float | None = None) -> RenderSession:

@@ -26,7 +26,9 @@ DEFAULT_MAX_CONCURRENT_STREAMS = 256
 #: server (UNAVAILABLE) is tried once more, and round_robin gives the second attempt the next replica. gRPC
 #: retries a call only until it is committed (the first response arrived, or more than the retry buffer was
 #: sent), so an answer is never given twice, and work in flight on a replica that dies fails instead of
-#: running again. Jittered backoff of at most 0.1 s before the second attempt.
+#: running again. Jittered backoff of at most 0.1 s before the second attempt. ar_service's Render streams
+#: do not use it (their channel has ``retries=False``): ar_service.render_client replays them itself, by the
+#: same rules.
 RETRY_POLICY = {
     "maxAttempts": 2,
     "initialBackoff": "0.1s",
@@ -109,10 +111,15 @@ def server_options(
     return options
 
 
-def channel_options(health_checked: bool = True) -> list[tuple[str, int | str]]:
+def channel_options(health_checked: bool = True, retries: bool = True) -> list[tuple[str, int | str]]:
     """Options of every ardit channel: keepalive, reconnect backoff, round_robin over the target's replicas,
     the retry policy and (unless ``health_checked`` is False: a probe that must reach NOT_SERVING replicas too)
-    client-side health checking."""
+    client-side health checking.
+
+    ``retries=False`` turns gRPC's retries off, transparent ones included: for client-streaming calls (Render),
+    whose caller replays the stream itself; a client stream that gRPC retried was seen to arrive with messages
+    missing (grpcio 1.85, a replica killed mid-stream).
+    """
     return [
         *_COMMON,
         ("grpc.keepalive_time_ms", 30_000),
@@ -124,6 +131,6 @@ def channel_options(health_checked: bool = True) -> list[tuple[str, int | str]]:
         ("grpc.initial_reconnect_backoff_ms", 100),
         ("grpc.min_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 1_000),
-        ("grpc.enable_retries", 1),
+        ("grpc.enable_retries", 1 if retries else 0),
         ("grpc.service_config", service_config(health_checked)),
     ]

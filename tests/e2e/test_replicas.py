@@ -154,19 +154,20 @@ def test_a_dit_replica_killed_under_load_fails_only_its_own_requests_then_rejoin
     finally:
         outcomes = load.close()
 
-    failed = [o for o in outcomes if o.response.status_code != 200]
-    for outcome in failed:  # only work in flight on the victim: 503 naming the stage, soon after the kill
-        assert outcome.response.status_code == 503, outcome.response.text
-        assert "dit_service" in outcome.response.json()["error"]["message"]
-        assert outcome.started < killed_at and outcome.ended - killed_at < 30
-    assert 1 <= len(failed) <= in_flight.running + in_flight.queued, (len(failed), in_flight)
-    for outcome in outcomes:  # every other request: its own image, once
-        if outcome.response.status_code == 200:
-            assert outcome.response.json()["seed"] == outcome.seed
-            assert _image(outcome.response) == reference[outcome.seed], f"seed {outcome.seed}: another image"
-    assert sum(1 for o in outcomes if o.started > killed_at) >= 2 * CLIENTS
-
-    replicated.restart(victim)
+    try:
+        failed = [o for o in outcomes if o.response.status_code != 200]
+        for outcome in failed:  # only work in flight on the victim: 503 naming the stage, soon after the kill
+            assert outcome.response.status_code == 503, outcome.response.text
+            assert "dit_service" in outcome.response.json()["error"]["message"]
+            assert outcome.started < killed_at and outcome.ended - killed_at < 30
+        assert 1 <= len(failed) <= in_flight.running + in_flight.queued, (len(failed), in_flight)
+        for outcome in outcomes:  # every other request: its own image, once
+            if outcome.response.status_code == 200:
+                assert outcome.response.json()["seed"] == outcome.seed
+                assert _image(outcome.response) == reference[outcome.seed], f"seed {outcome.seed}: another image"
+        assert sum(1 for o in outcomes if o.started > killed_at) >= 2 * CLIENTS
+    finally:  # the module's later tests need both replicas, whatever happened here
+        replicated.restart(victim)
 
     def victim_got_work() -> bool:
         response = replicated.generate({**WORK, "seed": SEEDS[0]})

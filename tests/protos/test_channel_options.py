@@ -22,6 +22,7 @@ def test_channels_balance_over_replicas_health_check_them_and_retry_refusals_onc
     assert config["healthCheckConfig"] == {"serviceName": ""}
     assert "healthCheckConfig" not in json.loads(dict(channels.channel_options(health_checked=False))["grpc.service_config"])
     assert options["grpc.enable_retries"] == 1
+    assert dict(channels.channel_options(retries=False))["grpc.enable_retries"] == 0  # the Render channel replays itself
     assert options["grpc.keepalive_time_ms"] > 0 and options["grpc.max_reconnect_backoff_ms"] <= 1000
 
 
