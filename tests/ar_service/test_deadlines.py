@@ -68,4 +68,6 @@ def test_the_callers_deadline_travels_to_the_render_call(generator, recording_di
     error = generate(generator, timeout=90)
     assert error.code() == grpc.StatusCode.ABORTED, error.details()
     (remaining,) = recording_dit[0].remaining
-    assert 0 < remaining <= 90
+    # gRPC's grpc-timeout header may round a deadline up at each hop (to 100 ms steps at this size), so the Render
+    # call can see a hair more than the caller's 90 s; what matters is that it is the caller's, not a default.
+    assert 60 < remaining <= 90.5
