@@ -71,22 +71,20 @@ class RenderHeader:
         return header
 
 
-#: A Render stream that fails before the renderer answered (refused for load, or its replica died) is tried once
-#: more: a new call, which round_robin gives the next ready replica, replays everything sent so far. gRPC's own
-#: retries stay off on the Render channel: a client stream that gRPC retried was seen to lose messages sent
-#: around the failure (grpcio 1.85), which the renderer can only report as a malformed stream.
-RENDER_ATTEMPTS = 2
-_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+#: A Render stream that fails before the renderer answered (refused for load, or its replica died) is tried again
+#: by the rules of the channels' retry policy: a new call, which round_robin gives the next ready replica, replays
+#: everything sent so far. gRPC's own retries stay off on the Render channel: a client stream that gRPC retried was
+#: seen to lose messages sent around the failure (grpcio 1.85), which the renderer can only report as malformed.
+_RETRYABLE = tuple(getattr(grpc.StatusCode, name) for name in channels.RETRYABLE_STATUS_CODES)
 #: The copy kept for a replay stops growing here; a stream past it that fails before its answer is not retried.
 REPLAY_LIMIT_BYTES = 256 * 1024 * 1024
-_RETRY_BACKOFF_S = 0.1  # at most, jittered: the policy gRPC applied to the other calls
 
 
 class RenderSession:
     """One open Render stream: the engine pushes condition pieces, events come back on a thread.
 
     Until the renderer's first answer, the session keeps what it sent, so that a refused or broken attempt can be
-    replayed whole on another replica (``RENDER_ATTEMPTS``); after it, a failure is final: a render that started is
+    replayed whole on another replica (``channels.RETRY_ATTEMPTS`` calls in all); after it, a failure is final: a render that started is
     never run twice. Traced as one ``ar.render`` span (kind CLIENT) under the current context, from open to the
     stream's end; the channel's interceptor sends it to dit_service as each attempt's traceparent.
     """
@@ -97,7 +95,7 @@ class RenderSession:
         header: RenderHeader,
         on_event: Callable[[object], None],
         timeout: float | None,
-        attempts: int = RENDER_ATTEMPTS,
+        attempts: int = channels.RETRY_ATTEMPTS,
     ):
         self.index = header.index
         self.request_id = header.request_id
@@ -166,7 +164,7 @@ class RenderSession:
         code = effective_code(error)
         if code not in _RETRYABLE or self.attempts >= self._max_attempts:
             return False
-        time.sleep(random.uniform(0, _RETRY_BACKOFF_S))
+        time.sleep(random.uniform(0, channels.RETRY_BACKOFF_S))
         with self._lock:
             remaining = None if self._deadline is None else self._deadline - time.monotonic()
             if self._cancelled or self._answered or self._replay is None or (remaining is not None and remaining <= 0):

@@ -28,13 +28,16 @@ DEFAULT_MAX_CONCURRENT_STREAMS = 256
 #: sent), so an answer is never given twice, and work in flight on a replica that dies fails instead of
 #: running again. Jittered backoff of at most 0.1 s before the second attempt. ar_service's Render streams
 #: do not use it (their channel has ``retries=False``): ar_service.render_client replays them itself, by the
-#: same rules.
+#: same rules (these three values).
+RETRY_ATTEMPTS = 2
+RETRYABLE_STATUS_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")
+RETRY_BACKOFF_S = 0.1
 RETRY_POLICY = {
-    "maxAttempts": 2,
-    "initialBackoff": "0.1s",
+    "maxAttempts": RETRY_ATTEMPTS,
+    "initialBackoff": f"{RETRY_BACKOFF_S}s",
     "maxBackoff": "1s",
     "backoffMultiplier": 2,
-    "retryableStatusCodes": ["UNAVAILABLE", "RESOURCE_EXHAUSTED"],
+    "retryableStatusCodes": list(RETRYABLE_STATUS_CODES),
 }
 RETRIED_SERVICES = ("ardit.v1.ImageGenerator", "ardit.v1.Renderer", "grpc.health.v1.Health")
 #: Every call picks the next ready replica of the target (one address: always that one).

@@ -10,18 +10,32 @@ from contextlib import contextmanager
 
 import grpc
 
+from ar_service.render_client import RenderHeader
 from protos import channels, dit_pb2_grpc
+
+
+def render_header(request_id: str, **fields) -> RenderHeader:
+    """A one-image header of a 64x64 float32 render (8 hidden units, no condition rows unless ``fields`` say)."""
+    defaults = dict(index=0, width=64, height=64, seed=3, output_format="png", output_compression=None, knobs={},
+                    hidden_size=8, dtype="float32", text_positions=0, image_positions=0, negative_positions=0)
+    return RenderHeader(request_id=request_id, **{**defaults, **fields})
+
+
+def start_renderer(servicer: dit_pb2_grpc.RendererServicer, max_workers: int = 4) -> tuple[grpc.Server, str]:
+    """``servicer`` served on 127.0.0.1 (a free port) with the services' own server options: the server, its address."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=channels.server_options())
+    dit_pb2_grpc.add_RendererServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, f"127.0.0.1:{port}"
 
 
 @contextmanager
 def serve_renderer(servicer: dit_pb2_grpc.RendererServicer) -> Iterator[str]:
-    """``servicer`` served on 127.0.0.1 (a free port) with the services' own server options; yields the address."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=channels.server_options())
-    dit_pb2_grpc.add_RendererServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
+    """``start_renderer`` for the length of a ``with`` block; yields the address."""
+    server, address = start_renderer(servicer)
     try:
-        yield f"127.0.0.1:{port}"
+        yield address
     finally:
         server.stop(grace=None)
 
@@ -41,11 +55,8 @@ class SilentRenderer(dit_pb2_grpc.RendererServicer):
 def main() -> None:
     """``python -m tests.ar_service.fake_renderer``: a SilentRenderer in a process of its own (so that a test
     can SIGKILL it mid-stream); prints its address, then one line per header received."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32), options=channels.server_options())
-    dit_pb2_grpc.add_RendererServicer_to_server(SilentRenderer(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    print(f"127.0.0.1:{port}", flush=True)
+    server, address = start_renderer(SilentRenderer(), max_workers=32)
+    print(address, flush=True)
     server.wait_for_termination()
 
 

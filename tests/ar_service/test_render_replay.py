@@ -13,21 +13,15 @@ import pytest
 import torch
 
 from ar_service import events
-from ar_service.render_client import GrpcRenderer, RenderHeader
+from ar_service.render_client import GrpcRenderer
 from protos import common_pb2, dit_pb2, dit_pb2_grpc
 from protos.codec import decode_tensor
 from protos.status import abort
-from tests.ar_service.fake_renderer import serve_renderer
+from tests.ar_service.fake_renderer import render_header, serve_renderer
 from tools.local_stack import grpc_target
 
 ROWS = 30  # condition rows each stream sends, one chunk each
 HIDDEN = 8
-
-
-def _header(request_id: str) -> RenderHeader:
-    return RenderHeader(request_id=request_id, index=0, width=64, height=64, seed=3, output_format="png",
-                        output_compression=None, knobs={}, hidden_size=HIDDEN, dtype="float32", text_positions=ROWS,
-                        image_positions=0, negative_positions=0)
 
 
 def _row(request_id: str, row: int) -> torch.Tensor:
@@ -70,7 +64,8 @@ class Session:
         self.request_id = request_id
         self.received: list[object] = []
         self.ended = threading.Event()
-        self.session = renderer.open(_header(request_id), self._on_event, timeout=60)
+        self.session = renderer.open(render_header(request_id, hidden_size=HIDDEN, text_positions=ROWS), self._on_event,
+                                     timeout=60)
 
     def _on_event(self, event) -> None:
         self.received.append(event)

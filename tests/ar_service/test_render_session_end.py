@@ -10,9 +10,9 @@ import grpc
 import pytest
 
 from ar_service import events
-from ar_service.render_client import GrpcRenderer, RenderHeader
+from ar_service.render_client import GrpcRenderer
 from protos import dit_pb2, dit_pb2_grpc
-from tests.ar_service.fake_renderer import serve_renderer
+from tests.ar_service.fake_renderer import render_header, serve_renderer
 
 SLOW_CLOSE_S = 1.0
 
@@ -46,11 +46,8 @@ def test_cancel_after_completion_leaves_the_call_ok(slow_dit):
         if isinstance(event, events.RenderDone):
             done.set()
 
-    header = RenderHeader(request_id="r1", index=0, width=64, height=64, seed=3, output_format="png",
-                          output_compression=None, knobs={}, hidden_size=8, dtype="float32", text_positions=0,
-                          image_positions=0, negative_positions=0)
     try:
-        session = renderer.open(header, on_event, timeout=30)
+        session = renderer.open(render_header("r1"), on_event, timeout=30)
         session.finish()
         assert done.wait(10)
         session.cancel()  # what the engine does to every session once the request's RPC has ended
