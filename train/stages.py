@@ -278,7 +278,7 @@ def shifted_times(u: torch.Tensor, latent_hw: tuple[int, int]) -> torch.Tensor:
 
 
 def train_dit(pipeline, ar: MammothModa2AR, scale: Scale, seed: int, device, budget_s: float,
-              uncond_prob: float = 0.1) -> StageLog:
+              uncond_prob: float = 0.1, lr: float = 1e-3) -> StageLog:
     """Flow matching (x_t = t x_data + (1 - t) noise, target x_data - noise) on the VAE's scaled latents."""
     dit, vae = pipeline.transformer, pipeline.vae
     scenes = training_scenes(seed)
@@ -296,7 +296,7 @@ def train_dit(pipeline, ar: MammothModa2AR, scale: Scale, seed: int, device, bud
     for i, c in enumerate(conds):
         packed[i, : c.shape[0]] = c
     del conds
-    log = StageLog("dit", data={"examples": len(pool), "images": len(used), "batch": scale.dit_batch,
+    log = StageLog("dit", data={"examples": len(pool), "images": len(used), "batch": scale.dit_batch, "lr": lr,
                                 "uncond_prob": uncond_prob, "condition_rows_max": int(lengths.max())})
     generator = torch.Generator(device=device).manual_seed(seed)
     hw = tuple(latents.shape[2:])
@@ -324,7 +324,7 @@ def train_dit(pipeline, ar: MammothModa2AR, scale: Scale, seed: int, device, bud
         pred = dit(xt, t, cond)
         return F.mse_loss(pred.float(), x1 - x0)
 
-    run_loop(log, [p for p in dit.parameters()], step_fn, scale.dit_steps, budget_s, lr=1e-3, warmup=200, ema=ema,
+    run_loop(log, [p for p in dit.parameters()], step_fn, scale.dit_steps, budget_s, lr=lr, warmup=200, ema=ema,
              report_every=200)
     ema.copy_to_module()
     dit.eval().requires_grad_(False)
