@@ -38,6 +38,8 @@ def parser(description: str, with_stages: bool) -> argparse.ArgumentParser:
     for name in STAGES:
         p.add_argument(f"--budget-{name}", type=float, default=DEFAULT_BUDGET_S[name], help=f"seconds of {name} training at most")
     p.add_argument("--dit-batch", type=int, help="DiT batch size (default: the scale's)")
+    p.add_argument("--dit-shape-weight", type=float, default=0.0,
+                   help="extra DiT loss weight on the latents the shape touches (0: uniform)")
     p.add_argument("--dit-lr", type=float, default=1e-3, help="DiT peak learning rate (lower to fine-tune a trained DiT)")
     p.add_argument("--eval-budget", type=float, default=40.0, help="seconds for the in-process held-out check (0: skip)")
     return p
@@ -75,7 +77,8 @@ def run(args: argparse.Namespace, names: list[str]) -> dict:
             logs.append(stages.train_ar(ar, scale, args.seed, device, budget))
         else:
             pipeline = checkpoint.pipeline_for(dit, vae, device)
-            logs.append(stages.train_dit(pipeline, ar, scale, args.seed, device, budget, lr=args.dit_lr))
+            logs.append(stages.train_dit(pipeline, ar, scale, args.seed, device, budget, lr=args.dit_lr,
+                                         shape_weight=args.dit_shape_weight))
         checkpoint.save(args.out, ar, dit, vae)
         print(f"checkpoint written to {args.out} after {name}", flush=True)
     record = {

@@ -14,18 +14,21 @@ from dit_service.model.pipeline import DiTPipeline
 from servicekit.checkpoint import open_checkpoint
 from train import architecture, report
 from train.cli import parser, run
-from train.stages import grid
+from train.shapes import Scene, shape_mask
+from train.stages import grid, shape_loss_weights
 
 
 def test_micro_training_writes_a_checkpoint_the_services_load(tmp_path):
     out = tmp_path / "model"
     args = parser("test", with_stages=False).parse_args(
-        ["--out", str(out), "--device", "cpu", "--scale", "micro", "--dit-batch", "3"])
+        ["--out", str(out), "--device", "cpu", "--scale", "micro", "--dit-batch", "3",
+         "--dit-shape-weight", "4"])
     record = run(args, ["vae", "ar", "dit"])
 
     assert [s["stage"] for s in record["stages"]] == ["vae", "ar", "dit"]
     assert all(s["steps"] >= 1 and s["losses"] for s in record["stages"])
     assert record["stages"][2]["data"]["batch"] == 3  # --dit-batch over the scale's 4
+    assert record["stages"][2]["data"]["shape_weight"] == 4
     files = sorted(p.name for p in out.iterdir())
     assert len(files) <= 6 and (out / "model.safetensors").stat().st_size < 16 * 2**20, files
     log = json.loads((tmp_path / report.LOG_NAME).read_text())
@@ -46,3 +49,18 @@ def test_micro_training_writes_a_checkpoint_the_services_load(tmp_path):
     empty = torch.zeros(0, loaded.config.hidden_size)
     latents = pipeline.render_latents(result.text_condition, result.image_condition, empty, 128, 128, 0, 2, 1.0).latents
     assert pipeline.decode(latents).shape == (128, 128, 3)
+
+
+def test_dit_loss_weights_the_latents_the_shape_touches():
+    small = Scene("square", "red", "centre", "small", "blue")
+    large = Scene("square", "red", "centre", "large", "blue")
+    weights = shape_loss_weights([small, large], (16, 16), 4.0, "cpu")
+    assert weights.shape == (2, 1, 16, 16) and set(weights.unique().tolist()) == {1.0, 5.0}
+    touched = weights[:, 0] > 1
+    assert not touched[:, 0].any() and not touched[:, :, 0].any()  # the border is background
+    assert touched[0].sum() < touched[1].sum()  # a small shape touches fewer latents
+    rows, cols = torch.nonzero(touched[0], as_tuple=True)
+    mask = shape_mask(small)  # the touched latents are exactly those whose 8x8 pixels hold some of the shape
+    assert rows.min() * 8 <= mask.any(axis=1).nonzero()[0].min() < (rows.min() + 1) * 8
+    assert (cols.max() + 1) * 8 > mask.any(axis=0).nonzero()[0].max() >= cols.max() * 8
+    assert (shape_loss_weights([small], (16, 16), 0.0, "cpu") == 1).all()  # weight 0: the uniform loss
