@@ -36,34 +36,56 @@ def append_run(directory: Path, run: dict) -> Path:
     return directory / LOG_NAME
 
 
-def plot(log: dict, path: Path) -> None:
-    """One panel per stage: its latest run, joined to the runs it continued from (``continued``: the run
-    started from the checkpoint the earlier runs wrote), steps counted from the first of them."""
+UNIFORM_LOSS = (30, 70, 220)
+WEIGHTED_LOSS = (230, 120, 20)  # a run with --dit-shape-weight: a different loss, so not on the same scale
+
+
+def stage_segments(log: dict) -> dict[str, list[tuple[bool, int, int, list[list[float]]]]]:
+    """Per stage: its latest run, joined to the runs it continued from (``continued``: the run started from the
+    checkpoint the earlier runs wrote), as (weighted loss?, first step, steps, [[step, loss], ...]) per run, steps
+    counted from the first of them."""
     stages: dict[str, list] = {}
     for run in log["runs"]:
         for stage in run.get("stages", []):
             before = stages.get(stage["stage"], []) if run.get("continued") else []
-            offset = before[-1][0] if before else 0
-            stages[stage["stage"]] = before + [[offset + s, v] for s, v in stage["losses"]]
-    stages = {k: v for k, v in stages.items() if v}
+            offset = before[-1][1] + before[-1][2] if before else 0
+            weighted = bool(stage.get("data", {}).get("shape_weight"))
+            points = [[offset + s, v] for s, v in stage["losses"]]
+            stages[stage["stage"]] = before + [(weighted, offset, stage["steps"], points)]
+    return {k: v for k, v in stages.items() if any(run[3] for run in v)}
+
+
+def plot(log: dict, path: Path) -> None:
+    """One panel per stage (``stage_segments``): a grey line where each continued run starts; runs on the
+    shape-weighted DiT loss in orange, since their values do not compare with the uniform loss."""
+    stages = stage_segments(log)
     if not stages:
         return
     w, h, pad = 360, 240, 36
     image = Image.new("RGB", (w * len(stages), h), "white")
     draw = ImageDraw.Draw(image)
-    for i, (name, losses) in enumerate(stages.items()):
+    for i, (name, runs) in enumerate(stages.items()):
         x0 = i * w
-        steps = [s for s, _ in losses]
+        losses = [p for *_, points in runs for p in points]
         values = [math.log10(max(v, 1e-8)) for _, v in losses]
         lo, hi = min(values), max(values)
         hi = hi if hi > lo else lo + 1
-        smax = max(steps[-1], 1)
-        points = [(x0 + pad + (w - 2 * pad) * s / smax, h - pad - (h - 2 * pad) * (v - lo) / (hi - lo))
-                  for s, v in zip(steps, values, strict=True)]
+        smax = max(runs[-1][1] + runs[-1][2], 1)
+
+        def xy(step: float, loss: float, x0=x0, smax=smax, lo=lo, hi=hi) -> tuple[float, float]:
+            v = math.log10(max(loss, 1e-8))
+            return x0 + pad + (w - 2 * pad) * step / smax, h - pad - (h - 2 * pad) * (v - lo) / (hi - lo)
+
         draw.rectangle([x0 + pad, pad, x0 + w - pad, h - pad], outline="gray")
-        if len(points) > 1:
-            draw.line(points, fill=(30, 70, 220), width=2)
+        for k, (weighted, start, _, points) in enumerate(runs):
+            if k:
+                x = xy(start, 1)[0]
+                draw.line([(x, pad), (x, h - pad)], fill=(200, 200, 200), width=1)
+            if len(points) > 1:
+                draw.line([xy(*p) for p in points], fill=WEIGHTED_LOSS if weighted else UNIFORM_LOSS, width=2)
         draw.text((x0 + pad, 8), f"{name}: loss (log10) vs step", fill="black")
+        if any(run[0] for run in runs):
+            draw.text((x0 + pad, 20), "orange: shape-weighted loss", fill=WEIGHTED_LOSS)
         draw.text((x0 + 4, pad - 4), f"{10 ** hi:.3g}", fill="black")
         draw.text((x0 + 4, h - pad - 6), f"{10 ** lo:.3g}", fill="black")
         draw.text((x0 + w - pad - 30, h - pad + 6), str(smax), fill="black")

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import torch
+from PIL import Image
 
 from ar_service.generation import generate_grid, prompt_ids_for
 from ar_service.model.loading import load_ar
@@ -64,3 +66,17 @@ def test_dit_loss_weights_the_latents_the_shape_touches():
     assert rows.min() * 8 <= mask.any(axis=1).nonzero()[0].min() < (rows.min() + 1) * 8
     assert (cols.max() + 1) * 8 > mask.any(axis=0).nonzero()[0].max() >= cols.max() * 8
     assert (shape_loss_weights([small], (16, 16), 0.0, "cpu") == 1).all()  # weight 0: the uniform loss
+
+
+def test_loss_curves_join_continued_runs_and_mark_the_weighted_loss(tmp_path):
+    first = {"stage": "dit", "steps": 300, "data": {}, "losses": [[200, 0.5], [300, 0.4]]}
+    second = {"stage": "dit", "steps": 400, "data": {"shape_weight": 4.0}, "losses": [[200, 0.6], [400, 0.55]]}
+    fresh = {"stage": "vae", "steps": 10, "data": {}, "losses": [[10, 0.1]]}
+    log = {"runs": [{"stages": [first]}, {"continued": True, "stages": [second]}, {"stages": [fresh]}]}
+    segments = report.stage_segments(log)
+    assert segments["dit"] == [(False, 0, 300, [[200, 0.5], [300, 0.4]]),
+                               (True, 300, 400, [[500, 0.6], [700, 0.55]])]  # steps go on from the first run
+    assert segments["vae"] == [(False, 0, 10, [[10, 0.1]])]
+    report.plot(log, tmp_path / "curves.png")
+    pixels = set(map(tuple, np.asarray(Image.open(tmp_path / "curves.png").convert("RGB")).reshape(-1, 3).tolist()))
+    assert report.WEIGHTED_LOSS in pixels and report.UNIFORM_LOSS in pixels
