@@ -6,10 +6,9 @@ The scrambled run computes the AR's conditions in-process with the services' own
 the running dit_service over the real Render stream (ar_service's render client), once as the AR hands them
 over and once with the rows in a seeded random order; the detector tells the two apart.
 
-What is asserted is what this checkpoint does reliably: background, colour and position (100% of held-out
-captions in the H200 run's check). The outline is not asserted yet: the DiT draws the right blob in the right
-place but its triangles, squares and stars are still too round for the detector about half the time
-(train/README.md, "Where the model stands").
+What is asserted is what this checkpoint does every time: background, colour and position (100% of 200 held-out
+captions through make up). The outline is not: about one image in ten still has a rounded square or star
+(train/README.md, "Where the model stands"), too often for six captions at 20 steps to pass on every machine.
 """
 
 from __future__ import annotations
