@@ -40,7 +40,8 @@ def parser(description: str, with_stages: bool) -> argparse.ArgumentParser:
     p.add_argument("--dit-batch", type=int, help="DiT batch size (default: the scale's)")
     p.add_argument("--dit-shape-weight", type=float, default=0.0,
                    help="extra DiT loss weight on the latents the shape touches (0: uniform)")
-    p.add_argument("--dit-lr", type=float, default=1e-3, help="DiT peak learning rate (lower to fine-tune a trained DiT)")
+    p.add_argument("--dit-lr", type=float, default=stages.DIT_PEAK_LR,
+                   help="DiT peak learning rate (lower to fine-tune a trained DiT)")
     p.add_argument("--eval-budget", type=float, default=40.0, help="seconds for the in-process held-out check (0: skip)")
     return p
 

@@ -161,6 +161,13 @@ def shape_mask(scene: Scene) -> np.ndarray:
     return np.asarray(image) > 127
 
 
+def cell_coverage(scene: Scene, cell: int) -> np.ndarray:
+    """float [rows, cols]: the share of each ``cell`` x ``cell`` pixel block that the shape covers."""
+    mask = shape_mask(scene).astype(np.float64)
+    rows, cols = mask.shape[0] // cell, mask.shape[1] // cell
+    return mask[: rows * cell, : cols * cell].reshape(rows, cell, cols, cell).mean(axis=(1, 3))
+
+
 def render(scene: Scene) -> np.ndarray:
     """uint8 [128, 128, 3] picture of ``scene``."""
     pixels = np.empty((IMAGE_SIZE, IMAGE_SIZE, 3), dtype=np.uint8)

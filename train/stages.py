@@ -21,7 +21,7 @@ from ar_service.model.modeling import MammothModa2AR
 from ar_service.model.tokenizer import build_tokenizer
 from ar_service.prompt import Grid, grid_for_size
 from train import architecture
-from train.shapes import IMAGE_SIZE, Example, Scene, examples, render, shape_mask, split_scenes
+from train.shapes import IMAGE_SIZE, Example, Scene, cell_coverage, examples, render, split_scenes
 from train.visual_tokens import grid_token_ids, scene_codes
 
 
@@ -282,13 +282,15 @@ def shape_loss_weights(scenes: list[Scene], latent_hw: tuple[int, int], shape_we
 
     The background is most of every latent and the easiest part to predict; the silhouette's edges and corners
     (what tells a small square from a circle) are a few latents. Weighting them puts the loss where the outline is."""
-    masks = torch.from_numpy(np.stack([shape_mask(s) for s in scenes])).float()[:, None]
-    touched = F.adaptive_max_pool2d(masks, latent_hw) > 0
-    return (1 + shape_weight * touched.float()).to(device)
+    touched = np.stack([cell_coverage(s, IMAGE_SIZE // latent_hw[0]) > 0 for s in scenes])[:, None]
+    return (1 + shape_weight * torch.from_numpy(touched).float()).to(device)
+
+
+DIT_PEAK_LR = 1e-3
 
 
 def train_dit(pipeline, ar: MammothModa2AR, scale: Scale, seed: int, device, budget_s: float,
-              uncond_prob: float = 0.1, lr: float = 1e-3, shape_weight: float = 0.0) -> StageLog:
+              uncond_prob: float = 0.1, lr: float = DIT_PEAK_LR, shape_weight: float = 0.0) -> StageLog:
     """Flow matching (x_t = t x_data + (1 - t) noise, target x_data - noise) on the VAE's scaled latents, each
     latent's squared error weighted by ``shape_loss_weights`` (uniform when ``shape_weight`` is 0)."""
     dit, vae = pipeline.transformer, pipeline.vae

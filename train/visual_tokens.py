@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from train.shapes import COLOURS, Scene, shape_mask
+from train.shapes import COLOURS, Scene, cell_coverage
 
 LEVELS = 8
 NUM_CODES = len(COLOURS) * LEVELS  # 64: the tiny tokenizer's visual vocabulary
@@ -25,9 +25,7 @@ EMPTY_BELOW = 1 / 16
 
 def scene_codes(scene: Scene, cell: int) -> np.ndarray:
     """int64 [rows, cols] codes of ``scene`` on a grid of ``cell``-pixel cells."""
-    mask = shape_mask(scene).astype(np.float64)
-    rows, cols = mask.shape[0] // cell, mask.shape[1] // cell
-    coverage = mask[: rows * cell, : cols * cell].reshape(rows, cell, cols, cell).mean(axis=(1, 3))
+    coverage = cell_coverage(scene, cell)
     level = np.clip(np.rint(coverage * (LEVELS - 1)), 1, LEVELS - 1).astype(np.int64)
     empty = coverage < EMPTY_BELOW
     colour = np.where(empty, COLOURS.index(scene.background), COLOURS.index(scene.colour))
