@@ -63,7 +63,8 @@ class ARSettings(ModelServiceSettings):
         description="with fast_decode: the decode step's kernels. triton: ardit's own (RMSNorm, bias, SwiGLU and "
         "residuals folded into the weight reads; attention over each row's own length, so one CUDA graph per row "
         "count); torch: cuBLAS and torch's kernels, one CUDA graph per row count and length bucket (auto: triton on "
-        "CUDA when the triton package imports, 2 * max_batch_size <= 16 and a start-up probe of the kernels passes, "
+        "CUDA when the triton package imports, 2 * max_batch_size <= 16 (64 with quantization fp8) and a start-up "
+        "probe of the kernels passes, "
         "else torch)",
     )
     compile_decode: bool = Field(

@@ -36,11 +36,22 @@ available = triton is not None
 #: Triton's interpreter (TRITON_INTERPRET=1 when this module was imported): the kernels take CPU tensors.
 interpreting = os.environ.get("TRITON_INTERPRET") == "1"
 
-#: Row capacity of one launch: tl.dot needs 16 rows; fewer rows are masked (their reads cost nothing).
-MAX_ROWS = 16
+#: Row tiles of one launch: tl.dot needs at least 16 rows; fewer rows are masked (their reads cost nothing). A
+#: launch holds up to MAX_ROWS rows in one tile, so each weight is still read once for all of them.
+ROW_TILES = (16, 32, 64)
+MAX_ROWS = ROW_TILES[-1]
 #: Fixed split of each row's cached positions across programs in attention (flash-decoding): enough programs to
 #: fill the GPU at one row, and fixed so that a row's reduction order depends only on its own length.
 ATTENTION_SPLITS = 32
+
+
+def row_tile(rows: int) -> int:
+    """The smallest row tile that holds ``rows``. A decoder fixes it from its slot count, so that a row's
+    arithmetic (the matrix-multiply instruction tl.dot picks for the tile) never depends on its batch-mates."""
+    for tile in ROW_TILES:
+        if rows <= tile:
+            return tile
+    raise ValueError(f"the triton kernels take at most {MAX_ROWS} rows, got {rows}")
 
 
 def linear_blocks(n: int, k: int, swiglu: bool = False) -> tuple[int, int, int, int]:
@@ -264,6 +275,7 @@ def linear(
     emit_squares: Literal[False] = ...,
     blocks: tuple[int, int, int, int] | None = ...,
     scale: torch.Tensor | None = ...,
+    tile: int | None = ...,
 ) -> torch.Tensor: ...
 
 
@@ -280,6 +292,7 @@ def linear(
     emit_squares: Literal[True],
     blocks: tuple[int, int, int, int] | None = ...,
     scale: torch.Tensor | None = ...,
+    tile: int | None = ...,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
@@ -295,20 +308,25 @@ def linear(
     emit_squares: bool = False,
     blocks: tuple[int, int, int, int] | None = None,
     scale: torch.Tensor | None = None,
+    tile: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """``x`` [M, K] (M <= 16) through an [N, K] weight with the folded extras: ``bias``, ``swiglu`` (weight = gate
+    """``x`` [M, K] (M <= 64) through an [N, K] weight with the folded extras: ``bias``, ``swiglu`` (weight = gate
     rows then up rows: the result is silu(gate) * up, N/2 wide) and ``residual`` added to the result.
 
     ``norm`` (RMSNorm weight, eps) normalises the input first: in its own launch, or, given the ``squares`` that
     the linear which produced ``x`` emitted, inside this one. ``emit_squares``: also return the per-row partial
-    sums of squares of the result (float32 [16, programs]) for the next linear's norm. A row's sum is always
+    sums of squares of the result (float32 [tile, programs]) for the next linear's norm. A row's sum is always
     taken in the same order, whatever the other rows. ``blocks`` overrides ``linear_blocks`` (for tuning).
     ``scale``: the weight is FP8 (e4m3, ``servicekit.fp8.quantize_weight``) with these float32 per-row scales [N]
-    (a SwiGLU weight's gate rows, then its up rows); the product is computed in float32 and scaled per column."""
+    (a SwiGLU weight's gate rows, then its up rows); the product is computed in float32 and scaled per column.
+    ``tile``: the rows one launch computes together (one of ``ROW_TILES``, at least M; default ``row_tile(M)``)."""
     m, k = x.shape
     n = weight.shape[0] // 2 if swiglu else weight.shape[0]
     if m > MAX_ROWS or weight.shape[1] != k:
         raise ValueError(f"linear takes at most {MAX_ROWS} rows of width {weight.shape[1]}, got {tuple(x.shape)}")
+    tile = row_tile(m) if tile is None else tile
+    if tile not in ROW_TILES or m > tile:
+        raise ValueError(f"tile must be one of {ROW_TILES} and hold the {m} rows, got {tile}")
     if squares is not None and norm is None:
         raise ValueError("squares are only read with norm")
     if (scale is not None) != (weight.dtype == torch.float8_e4m3fn) or (scale is not None and scale.shape != weight.shape[:1]):
@@ -318,12 +336,12 @@ def linear(
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_n, block_k, warps, stages = blocks or linear_blocks(weight.shape[0], k, swiglu)
     programs = triton.cdiv(n, block_n)
-    squares_out = torch.empty((MAX_ROWS, programs), dtype=torch.float32, device=x.device) if emit_squares else None
+    squares_out = torch.empty((tile, programs), dtype=torch.float32, device=x.device) if emit_squares else None
     norm_w, eps = norm if norm is not None else (x, 0.0)
     flags = dict(BIAS=bias is not None, RESIDUAL=residual is not None, SWIGLU=swiglu, NORM=norm is not None,
                  SQUARES_OUT=emit_squares, W_SCALE=scale is not None)
     parts = squares.shape[1] if squares is not None else 1
-    key = (x.device, x.dtype, weight.dtype, block_n, block_k, warps, stages, *flags.values())
+    key = (x.device, x.dtype, weight.dtype, tile, block_n, block_k, warps, stages, *flags.values())
     stages = _fitting_stages.get(key, stages)
     while True:
         try:
@@ -334,7 +352,7 @@ def linear(
                 m, n, k, x.stride(0), weight.stride(0), out.stride(0), residual.stride(0) if residual is not None else 0,
                 squares.stride(0) if squares is not None else 0, squares_out.stride(0) if squares_out is not None else 0,
                 parts, eps, **flags, PARTS_BLOCK=triton.next_power_of_2(parts),
-                BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
+                BLOCK_M=tile, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
             )
         except triton.runtime.errors.OutOfResources:
             if stages <= 1:
@@ -404,10 +422,10 @@ def _rows_contiguous(*vectors: torch.Tensor) -> None:
         raise ValueError("positions and slots must be contiguous vectors")
 
 
-def probe(device: torch.device, dtype: torch.dtype, fp8: bool = False) -> Exception | None:
-    """Compiles and runs every kernel once on small tensors of ``dtype`` on ``device`` (and the linear kernel with
-    FP8 weights when ``fp8``): None when they work, else the error (e.g. a GPU whose Triton backend has no
-    ``dtype`` matrix multiply)."""
+def probe(device: torch.device, dtype: torch.dtype, fp8: bool = False, tile: int = ROW_TILES[0]) -> Exception | None:
+    """Compiles and runs every kernel once on small tensors of ``dtype`` on ``device`` (the linear kernel at row
+    ``tile``, and with FP8 weights when ``fp8``): None when they work, else the error (e.g. a GPU whose Triton
+    backend has no ``dtype`` matrix multiply)."""
     try:
         g = torch.Generator(device="cpu").manual_seed(0)
 
@@ -415,7 +433,8 @@ def probe(device: torch.device, dtype: torch.dtype, fp8: bool = False) -> Except
             return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
 
         x, w = rand(2, 64), rand(64, 64)
-        linear(linear(x, w, bias=rand(64), norm=(rand(64), 1e-6), swiglu=True), rand(64, 32), residual=x)
+        linear(linear(x, w, bias=rand(64), norm=(rand(64), 1e-6), swiglu=True, tile=tile), rand(64, 32), residual=x,
+               tile=tile)
         heads, kv_heads, d = 2, 1, 16
         cache = rand(2, kv_heads, 8, d), rand(2, kv_heads, 8, d)
         rows = torch.arange(2, device=device)
@@ -426,8 +445,8 @@ def probe(device: torch.device, dtype: torch.dtype, fp8: bool = False) -> Except
 
             gate_up, gate_up_scale = quantize_weight(rand(64, 64))
             down, down_scale = quantize_weight(rand(64, 32))
-            linear(linear(x, gate_up, norm=(rand(64), 1e-6), swiglu=True, scale=gate_up_scale), down, residual=x,
-                   scale=down_scale)
+            linear(linear(x, gate_up, norm=(rand(64), 1e-6), swiglu=True, scale=gate_up_scale, tile=tile), down,
+                   residual=x, scale=down_scale, tile=tile)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     except Exception as error:  # any failure means: use the torch kernels

@@ -57,9 +57,11 @@ def bucket_for(positions: int) -> int:
 
 def resolve_decode_kernels(setting: str, device: torch.device, slots: int, dtype: torch.dtype, fp8: bool = False) -> str:
     """The ``decode_kernels`` setting made concrete: auto is triton on a CUDA device when the triton package
-    imports, the slots fit one launch (``decode_kernels.MAX_ROWS``) and the kernels compile and run there
-    (``decode_kernels.probe``, with an FP8 weight when ``fp8``), else torch. With FP8 weights the torch kernels
-    dequantize every weight at every step (correct, but slower than bf16): a warning says so."""
+    imports, the slots fit one launch and the kernels compile and run there (``decode_kernels.probe``, at the
+    slots' row tile, with an FP8 weight when ``fp8``), else torch. Up to 16 slots the triton kernels serve both
+    precisions; 17-64 slots only FP8 weights (bf16 there keeps cuBLAS, the one measured at those row counts;
+    the torch kernels would dequantize each FP8 weight at every step). With FP8 weights on the torch kernels
+    (slower than bf16, and memory for the dequantized weights) a warning says so."""
     kernels = _resolve_decode_kernels(setting, device, slots, dtype, fp8)
     if fp8 and kernels == "torch":
         log.warning("decode kernels: torch with fp8 weights dequantizes each weight every step (slower than bf16); "
@@ -73,10 +75,11 @@ def _resolve_decode_kernels(setting: str, device: torch.device, slots: int, dtyp
         return setting
     if device.type != "cuda" or not decode_kernels.available:
         return "torch"
-    if slots > decode_kernels.MAX_ROWS:
-        log.info("decode kernels: torch (%d slots; the triton kernels take at most %d)", slots, decode_kernels.MAX_ROWS)
+    if slots > decode_kernels.MAX_ROWS or (slots > decode_kernels.ROW_TILES[0] and not fp8):
+        log.info("decode kernels: torch (%d slots; the triton kernels take at most %d, or %d with bf16 weights)",
+                 slots, decode_kernels.MAX_ROWS, decode_kernels.ROW_TILES[0])
         return "torch"
-    error = decode_kernels.probe(device, dtype, fp8=True) if fp8 else decode_kernels.probe(device, dtype)
+    error = decode_kernels.probe(device, dtype, fp8=fp8, tile=decode_kernels.row_tile(slots))
     if error is not None:
         log.warning("decode kernels: torch (the triton kernels failed on %s: %s)", device, error)
         return "torch"
@@ -216,12 +219,15 @@ class _TorchLayers:
 class _TritonLayers:
     """The layers on ``decode_kernels``: attention reads each row's own length on the device, so no length
     bucket is part of a step's shape. ``fold_norms``: each residual linear emits its rows' partial sums of
-    squares and the next linear applies the RMSNorm from them (seven launches per layer instead of nine)."""
+    squares and the next linear applies the RMSNorm from them (seven launches per layer instead of nine).
+    Every linear computes the decoder's slots as one row tile, whatever rows a step runs: a row's arithmetic is
+    the same beside any batch-mates."""
 
     bucketed = False
 
     def __init__(self, decoder: StaticDecoder, fold_norms: bool) -> None:
         self.decoder, self.fold = decoder, fold_norms
+        self.tile = decode_kernels.row_tile(decoder.slots)
 
     def start(self, cos, sin, positions, rows, bucket: int) -> None:
         config = self.decoder.config
@@ -236,20 +242,22 @@ class _TritonLayers:
         n1, e1, qkv_w, qkv_b, ow, n2, e2, gate_up_w, dw = weights
         d, config, kernels = self.decoder, self.decoder.config, decode_kernels
         qkv_s, o_s, gate_up_s, down_s = d._layer_scales[i] or (None, None, None, None)
-        qkv = kernels.linear(x, qkv_w, bias=qkv_b, norm=(n1, e1), squares=self.squares, scale=qkv_s)
+        qkv = kernels.linear(x, qkv_w, bias=qkv_b, norm=(n1, e1), squares=self.squares, scale=qkv_s, tile=self.tile)
         q = kernels.rope_write(qkv, self.cos, self.sin, self.positions, self.rows, d.k[i], d.v[i],
                                config.num_attention_heads, config.num_key_value_heads)
         attn = kernels.attention(q, d.k[i], d.v[i], self.positions, self.rows, 1.0 / math.sqrt(config.head_dim),
                                  self.workspace, d.max_positions - 1)
         x = self._residual(attn, ow, x, o_s)
-        gated = kernels.linear(x, gate_up_w, norm=(n2, e2), squares=self.squares, swiglu=True, scale=gate_up_s)
+        gated = kernels.linear(x, gate_up_w, norm=(n2, e2), squares=self.squares, swiglu=True, scale=gate_up_s,
+                               tile=self.tile)
         return self._residual(gated, dw, x, down_s)
 
     def _residual(self, inputs: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, scale) -> torch.Tensor:
         """A linear with a residual addition; when folding, its squares are kept for the next norm."""
         if not self.fold:
-            return decode_kernels.linear(inputs, weight, residual=residual, scale=scale)
-        out, self.squares = decode_kernels.linear(inputs, weight, residual=residual, emit_squares=True, scale=scale)
+            return decode_kernels.linear(inputs, weight, residual=residual, scale=scale, tile=self.tile)
+        out, self.squares = decode_kernels.linear(inputs, weight, residual=residual, emit_squares=True, scale=scale,
+                                                  tile=self.tile)
         return out
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -257,7 +265,8 @@ class _TritonLayers:
 
     def head(self, final: torch.Tensor) -> torch.Tensor:
         gen_head = self.decoder.model.gen_head
-        return decode_kernels.linear(final, gen_head.weight, scale=getattr(gen_head, "weight_scale", None))
+        return decode_kernels.linear(final, gen_head.weight, scale=getattr(gen_head, "weight_scale", None),
+                                     tile=self.tile)
 
 
 class StaticDecoder:

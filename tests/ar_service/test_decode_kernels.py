@@ -40,7 +40,7 @@ TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float16: dict(rtol
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("rows", [1, 3, 40])
 def test_linear_folds_norm_bias_swiglu_and_residual(dtype, rows):
     """Each folded extra gives what the eager model's separate operations give; blocks smaller than the weight
     so that the K loop runs several times and the last column block is partly masked."""
@@ -92,8 +92,31 @@ def test_a_norm_folded_from_the_producers_squares_equals_its_own_launch(dtype):
 
 
 def test_linear_refuses_more_rows_than_one_launch_holds():
-    with pytest.raises(ValueError, match="at most 16 rows"):
-        decode_kernels.linear(torch.zeros(17, 8), torch.zeros(4, 8))
+    with pytest.raises(ValueError, match="at most 64 rows"):
+        decode_kernels.linear(torch.zeros(65, 8), torch.zeros(4, 8))
+    with pytest.raises(ValueError, match="hold the 17 rows"):
+        decode_kernels.linear(torch.zeros(17, 8), torch.zeros(4, 8), tile=16)
+    with pytest.raises(ValueError, match="one of"):
+        decode_kernels.linear(torch.zeros(2, 8), torch.zeros(4, 8), tile=24)
+
+
+@pytest.mark.parametrize("tile", [16, 64])
+def test_a_row_gives_the_same_bits_alone_and_among_many_at_one_tile(tile):
+    """Batch invariance of the linear: at a fixed row tile a row's result does not depend on the rows beside it
+    (the decoder fixes the tile from its slots, so 1 row and 40 rows run the same arithmetic)."""
+    g = torch.Generator().manual_seed(3)
+    rows = min(tile, 40)
+    x = torch.randn(rows, 96, generator=g).to(torch.float16)
+    w = (torch.randn(80, 96, generator=g) * 0.1).to(torch.float16)
+    together = decode_kernels.linear(x, w, swiglu=True, tile=tile)
+    for r in (0, rows - 1):
+        assert torch.equal(decode_kernels.linear(x[r:r + 1], w, swiglu=True, tile=tile), together[r:r + 1])
+
+
+def test_the_row_tile_is_the_smallest_that_holds_the_rows():
+    assert [decode_kernels.row_tile(r) for r in (1, 16, 17, 32, 33, 64)] == [16, 16, 32, 32, 64, 64]
+    with pytest.raises(ValueError, match="at most 64 rows"):
+        decode_kernels.row_tile(65)
 
 
 @pytest.mark.parametrize("splits", [2, 32])
@@ -184,6 +207,25 @@ def test_triton_step_matches_the_torch_step(setup, few_splits, slots, fold_norms
         torch.testing.assert_close(b[1], a[1], rtol=1e-4, atol=1e-5)
 
 
+def test_triton_step_with_more_slots_than_one_small_tile_matches_the_torch_step(setup, few_splits):
+    """20 slots: the linears compute 32-row tiles; rows far apart (slot 17 beside slot 0) still match the torch
+    step."""
+    tiny_ar, _, _ = setup
+    torch_step = StaticDecoder(tiny_ar.model, 20, 64)
+    triton_step = StaticDecoder(tiny_ar.model, 20, 64, kernels="triton", fold_norms=True)
+    assert triton_step.layers.tile == 32
+    start = tiny_ar.config.gen_vocab_start_index
+    slots = [0, 17]
+    for t in range(2):
+        ids = [start + 3 + t, start + 9 + t]
+        positions = [4 + t, 7 + t]
+        draws = [((start, start + 60), SamplingParams(1.0, 50, 1.0), 7 + k, t) for k in range(2)]
+        a = torch_step.step(slots, ids, positions, draws)
+        b = triton_step.step(slots, ids, positions, draws)
+        assert a[0] == b[0]
+        torch.testing.assert_close(b[1], a[1], rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("fold_norms", [False, True])
 def test_triton_step_is_batch_invariant_to_the_bit(setup, few_splits, fold_norms):
     """Without full_length, row counts and lengths change with the batch-mates, yet a stream's tokens and states
@@ -239,19 +281,22 @@ def test_triton_step_decodes_a_guided_grid_as_the_eager_decoder_does(setup, few_
 
 
 def test_triton_kernels_are_chosen_where_they_can_run(monkeypatch):
-    """auto: torch off CUDA, with more slots than one launch holds, or when the probe launch fails; an explicit
-    choice is kept."""
+    """auto: torch off CUDA, with more slots than one launch holds (more than 16 with bf16 weights, more than 64
+    with FP8), or when the probe launch fails; an explicit choice is kept. The probe runs at the slots' tile."""
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert resolve_decode_kernels("auto", cpu, 8, torch.float32) == "torch"
     assert resolve_decode_kernels("torch", cuda, 8, torch.bfloat16) == "torch"
     assert resolve_decode_kernels("triton", cpu, 8, torch.float32) == "triton"
     probed = []
     monkeypatch.setattr(decode_kernels, "available", True)
-    monkeypatch.setattr(decode_kernels, "probe", lambda device, dtype: probed.append(device) or None)
+    monkeypatch.setattr(decode_kernels, "probe", lambda device, dtype, fp8, tile: probed.append((fp8, tile)) or None)
     assert resolve_decode_kernels("auto", cuda, 32, torch.bfloat16) == "torch"
+    assert resolve_decode_kernels("auto", cuda, 65, torch.bfloat16, fp8=True) == "torch"
     assert probed == []
     assert resolve_decode_kernels("auto", cuda, 8, torch.bfloat16) == "triton"
-    monkeypatch.setattr(decode_kernels, "probe", lambda device, dtype: RuntimeError("no bf16 dot on this GPU"))
+    assert resolve_decode_kernels("auto", cuda, 64, torch.bfloat16, fp8=True) == "triton"
+    assert probed == [(False, 16), (True, 64)]
+    monkeypatch.setattr(decode_kernels, "probe", lambda device, dtype, fp8, tile: RuntimeError("no bf16 dot on this GPU"))
     assert resolve_decode_kernels("auto", cuda, 8, torch.bfloat16) == "torch"
 
 

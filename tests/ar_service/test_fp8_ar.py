@@ -79,7 +79,7 @@ def test_the_fixed_slot_decoder_decodes_the_fp8_model_as_its_eager_decoder_does(
 
 
 @triton_only
-@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("rows", [1, 3, 33])
 def test_the_linear_kernel_reads_fp8_weights_with_their_channel_scales(rows):
     """Norm, bias, SwiGLU (gate and up rows with their own scales) and residual folded as with bf16 weights, on the
     dequantized weight; blocks smaller than the weight, so the K loop repeats and the last block is masked."""
@@ -109,3 +109,4 @@ def test_the_linear_kernel_refuses_an_fp8_weight_without_its_scales():
 @triton_only
 def test_the_probe_runs_the_fp8_linear_too():
     assert decode_kernels.probe(torch.device("cpu"), torch.float32, fp8=True) is None
+    assert decode_kernels.probe(torch.device("cpu"), torch.float32, fp8=True, tile=64) is None
