@@ -64,39 +64,44 @@ def main(argv: list[str] | None = None) -> NoReturn:
         settings.host, running.port, checkpoint.root, device, dtype, ", random weights" if settings.random_weights else "",
         ", fp8 weights" if settings.quantization == "fp8" else "",
     )
+    # The engine's warm-up (decode graphs, compilation) can fail too, e.g. out of GPU memory: the server stops and
+    # the process exits with it.
     try:
         load_started = time.perf_counter()
         loaded = load_ar(checkpoint, device=device, dtype=dtype, random_weights=settings.random_weights,
                          quantization=settings.quantization)
+        dit_tls = ClientTLS(
+            settings.dit_tls_ca_file, settings.dit_tls_cert_file, settings.dit_tls_key_file, settings.dit_tls_server_name
+        )
+        renderer = GrpcRenderer(settings.dit_address, tls=dit_tls)
+        engine = AREngine(
+            loaded,
+            checkpoint,
+            FAMILIES[checkpoint.family],
+            renderer,
+            model_id=settings.model_id,
+            max_prompt_tokens=settings.max_prompt_tokens,
+            max_pixels=settings.max_pixels,
+            max_batch_size=settings.max_batch_size,
+            max_queued_requests=settings.max_queued_requests,
+            prefix_cache=settings.prefix_cache,
+            fast_decode=settings.fast_decode == "on" or (settings.fast_decode == "auto" and device.type == "cuda"),
+            compile_decode=settings.compile_decode and device.type == "cuda",
+            compile_decode_mode=settings.compile_decode_mode,
+            decode_kernels=resolve_decode_kernels(
+                settings.decode_kernels, device, ROWS_PER_IMAGE * settings.max_batch_size, dtype,
+                fp8=settings.quantization == "fp8",
+            ),
+            decode_lookahead=settings.decode_lookahead,
+            deterministic=settings.deterministic,
+            profiler=make_profiler("ar_service", settings.profile_dir, device, settings.profile_max_traces),
+        )
     except BaseException:
+        # Exit without interpreter teardown: threads that a failed warm-up leaves behind (compile workers) kept
+        # the process alive, listening and never serving, on a GPU that ran out of memory.
+        log.exception("ar_service could not start")
         running.server.stop(0)
-        raise
-    dit_tls = ClientTLS(
-        settings.dit_tls_ca_file, settings.dit_tls_cert_file, settings.dit_tls_key_file, settings.dit_tls_server_name
-    )
-    renderer = GrpcRenderer(settings.dit_address, tls=dit_tls)
-    engine = AREngine(
-        loaded,
-        checkpoint,
-        FAMILIES[checkpoint.family],
-        renderer,
-        model_id=settings.model_id,
-        max_prompt_tokens=settings.max_prompt_tokens,
-        max_pixels=settings.max_pixels,
-        max_batch_size=settings.max_batch_size,
-        max_queued_requests=settings.max_queued_requests,
-        prefix_cache=settings.prefix_cache,
-        fast_decode=settings.fast_decode == "on" or (settings.fast_decode == "auto" and device.type == "cuda"),
-        compile_decode=settings.compile_decode and device.type == "cuda",
-        compile_decode_mode=settings.compile_decode_mode,
-        decode_kernels=resolve_decode_kernels(
-            settings.decode_kernels, device, ROWS_PER_IMAGE * settings.max_batch_size, dtype,
-            fp8=settings.quantization == "fp8",
-        ),
-        decode_lookahead=settings.decode_lookahead,
-        deterministic=settings.deterministic,
-        profiler=make_profiler("ar_service", settings.profile_dir, device, settings.profile_max_traces),
-    )
+        exit_process(1)
     if settings.metrics_port:
         from prometheus_client import start_http_server
 

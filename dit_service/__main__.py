@@ -72,8 +72,11 @@ def main(argv: list[str] | None = None) -> NoReturn:
         if settings.warm_up:
             log.info("dit_service warmed up in %.1f s", pipeline.warm_up())
     except BaseException:
+        # Exit without interpreter teardown: threads that a failed warm-up leaves behind (compile workers) kept
+        # the process alive, listening and never serving, on a GPU that ran out of memory.
+        log.exception("dit_service could not start")
         running.server.stop(0)
-        raise
+        exit_process(1)
     engine = DiTEngine(
         pipeline,
         FAMILIES[checkpoint.family],
