@@ -266,7 +266,11 @@ class AREngine:
         # Pixels per visual token is a serving fact (ardit_serving.json, default 16 as vllm-omni), not a model one.
         self.pixels_per_token = checkpoint.serving.pixels_per_token
         self.size_multiple = math.lcm(self.pixels_per_token, checkpoint.size_multiple)
-        self.ar_defaults = loaded.t2i.sampling_defaults
+        # AR sampling defaults come from the checkpoint's generation config, then its ardit_serving.json knob
+        # defaults (which may also set the DiT's: guidance, steps) over the family's.
+        self.ar_defaults = {**loaded.t2i.sampling_defaults,
+                            **knob_table.checkpoint_defaults(checkpoint.serving.knob_defaults, "ar")}
+        self.dit_defaults = knob_table.checkpoint_defaults(checkpoint.serving.knob_defaults, "dit")
         # Where the released code and ardit's defaults differ, the checkpoint's ardit_serving.json picks (see
         # servicekit.checkpoint.ServingDefaults): the visual range, which rows become the image condition, the
         # negative prompt used when a request gives none.
@@ -338,7 +342,7 @@ class AREngine:
     def model_card(self) -> dict[str, Any]:
         knobs = []
         for knob in self.knob_table.knobs:
-            default = self.ar_defaults.get(knob.name, knob.default)
+            default = {**self.ar_defaults, **self.dit_defaults}.get(knob.name, knob.default)
             knobs.append({"knob": knob, "default": default})
         return {
             "id": self.model_id,
@@ -412,7 +416,7 @@ class AREngine:
         preset = self.knob_table.steps_for_quality(quality)
         if preset is not None and "num_inference_steps" not in dit_given:
             dit_given["num_inference_steps"] = preset
-        dit_knobs = self.knob_table.resolve(dit_given, {}, stages=("dit",))
+        dit_knobs = self.knob_table.resolve(dit_given, self.dit_defaults, stages=("dit",))
 
         grid = grid_for_size(width, height, self.pixels_per_token)
         prompt_ids = self._prompt_ids(prompt, grid, "prompt")

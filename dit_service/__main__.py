@@ -71,26 +71,27 @@ def main(argv: list[str] | None = None) -> NoReturn:
         pipeline.use_cuda_graphs(settings.cuda_graphs)
         if settings.warm_up:
             log.info("dit_service warmed up in %.1f s", pipeline.warm_up())
+        engine = DiTEngine(
+            pipeline,
+            FAMILIES[checkpoint.family],
+            settings.max_condition_positions,
+            max_side=settings.max_side,
+            max_pixels=settings.max_pixels,
+            max_chunk_bytes=settings.max_chunk_bytes,
+            max_condition_chunks=settings.max_condition_chunks,
+            max_batch_size=settings.max_batch_size,
+            max_queued_renders=settings.max_queued_renders,
+            deterministic=settings.deterministic,
+            batch_window_s=settings.batch_window_s,
+            profiler=make_profiler("dit_service", settings.profile_dir, device, settings.profile_max_traces),
+            knob_defaults=checkpoint.serving.knob_defaults,
+        )
     except BaseException:
-        # Exit without interpreter teardown: threads that a failed warm-up leaves behind (compile workers) kept
-        # the process alive, listening and never serving, on a GPU that ran out of memory.
+        # As ar_service: exit without interpreter teardown, so that no thread a failed start left behind keeps
+        # the process alive, listening and never serving.
         log.exception("dit_service could not start")
         running.server.stop(0)
         exit_process(1)
-    engine = DiTEngine(
-        pipeline,
-        FAMILIES[checkpoint.family],
-        settings.max_condition_positions,
-        max_side=settings.max_side,
-        max_pixels=settings.max_pixels,
-        max_chunk_bytes=settings.max_chunk_bytes,
-        max_condition_chunks=settings.max_condition_chunks,
-        max_batch_size=settings.max_batch_size,
-        max_queued_renders=settings.max_queued_renders,
-        deterministic=settings.deterministic,
-        batch_window_s=settings.batch_window_s,
-        profiler=make_profiler("dit_service", settings.profile_dir, device, settings.profile_max_traces),
-    )
     if settings.metrics_port:
         from prometheus_client import start_http_server
 

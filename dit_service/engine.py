@@ -27,6 +27,7 @@ import secrets
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -264,15 +265,18 @@ class DiTEngine:
         deterministic: bool = False,
         batch_window_s: float = 0.0,
         profiler: BusyProfiler | None = None,
+        knob_defaults: Mapping[str, Any] | None = None,
     ):
         """``batch_window_s``: how long a render about to start a new batch waits for more renders of its size while
-        others are admitted (0: never waits; see the module docstring)."""
+        others are admitted (0: never waits; see the module docstring). ``knob_defaults``: the checkpoint's
+        (``ardit_serving.json``), over the family's, for the DiT knobs a Render header leaves out."""
         if max_batch_size < 1 or max_queued_renders < 1:
             raise ValueError("max_batch_size and max_queued_renders must be at least 1")
         if batch_window_s < 0:
             raise ValueError(f"batch_window_s must be >= 0; got {batch_window_s}")
         self.pipeline = pipeline
         self.knob_table = knob_table
+        self.knob_defaults = knob_table.checkpoint_defaults(knob_defaults or {}, "dit")
         self.max_condition_positions = max_condition_positions
         self.max_side = max_side
         self.max_pixels = max_pixels
@@ -362,7 +366,7 @@ class DiTEngine:
                 f"{self.max_condition_positions} are accepted",
                 param="image_positions",
             )
-        resolved = self.knob_table.resolve(knobs, {}, stages=("dit",))
+        resolved = self.knob_table.resolve(knobs, self.knob_defaults, stages=("dit",))
         return RenderPlan(
             request_id=request_id or f"render-{secrets.token_hex(8)}",
             width=width,

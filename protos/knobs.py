@@ -110,6 +110,15 @@ class KnobTable:
             checked[name] = self.by_name[name].check(value)
         return checked
 
+    def checkpoint_defaults(self, defaults: Mapping[str, Any], stage: Stage) -> dict[str, Any]:
+        """The ``stage``'s part of a checkpoint's knob defaults (``ardit_serving.json`` ``knob_defaults``), checked
+        like a request's AR and DiT knobs; a wrong name or value is a ValueError that says which (at start-up)."""
+        try:
+            checked = self.validate(defaults, stages=("ar", "dit"))
+        except RequestRejected as exc:
+            raise ValueError(f"ardit_serving.json knob_defaults: {exc.message}") from exc
+        return {name: value for name, value in checked.items() if self.by_name[name].stage == stage}
+
     def resolve(self, given: Mapping[str, Any], defaults: Mapping[str, Any], stages: Iterable[Stage]) -> dict[str, Any]:
         """Validated knobs of the given stages with every default filled in (``defaults`` overrides the table's)."""
         checked = self.validate(given, stages)

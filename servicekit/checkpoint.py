@@ -14,7 +14,7 @@ beside it (see ``ServingDefaults``); a real checkpoint needs none.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +64,10 @@ class ServingDefaults:
     - cfg_range_policy: ``per_step`` decides DiT guidance at each step (vllm-omni; the unmerged upstream fix);
       ``off_after_first_exit``: the released code, where the first step outside cfg_range turns guidance off for
       good (a range that starts above 0 never guides).
+
+    knob_defaults: per-request knobs (AR or DiT stage) this checkpoint is best served with when a request leaves
+    them out, over the family's defaults: e.g. a small model trained for guidance 3, not MammothModa2's 9. The
+    services check names and values against the family's knob table at start-up.
     """
 
     default_width: int = 1024
@@ -74,6 +78,7 @@ class ServingDefaults:
     condition_scope: str = SETTING_CHOICES["condition_scope"][0]
     visual_token_scope: str = SETTING_CHOICES["visual_token_scope"][0]
     cfg_range_policy: str = SETTING_CHOICES["cfg_range_policy"][0]
+    knob_defaults: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name, choices in SETTING_CHOICES.items():
@@ -159,7 +164,7 @@ def _read_serving(root: Path) -> ServingDefaults:
     kinds = {f.name: type(getattr(ServingDefaults(), f.name)) for f in fields(ServingDefaults)}
     wrong = [key for key, value in data.items() if not isinstance(value, kinds[key]) or isinstance(value, bool)]
     if wrong:
-        names = {int: "an integer", str: "a string"}
+        names = {int: "an integer", str: "a string", dict: "an object"}
         raise ValueError(f"{path}: {', '.join(f'{k} must be {names[kinds[k]]}' for k in sorted(wrong))}")
     try:
         return ServingDefaults(**data)

@@ -108,3 +108,15 @@ def test_scrambled_condition_rows_are_drawn_wrong(trained_stack):
         scrambled.append(render_direct(trained_stack.dit_address, *scramble_rows(text, image, seed=i), i, f"scrambled-{i}"))
     assert placed_right(straight, cases) >= CAPTIONS - 1
     assert placed_right(scrambled, cases) <= CAPTIONS // 3
+
+
+def test_a_request_without_knobs_gets_the_checkpoints_own_defaults(trained_stack):
+    """The shapes checkpoint's ardit_serving.json sets 50 steps and guidance 3 (MammothModa2's 9 misdraws it):
+    a request that sends no knobs draws the same picture as one that sends those, and draws it as asked."""
+    case = held_out_examples(1, seed=2)[0]
+    with httpx.Client(timeout=120) as client:
+        plain = generate(client, trained_stack.gateway_url, case.caption, 7, {})
+        explicit = generate(client, trained_stack.gateway_url, case.caption, 7,
+                            {"num_inference_steps": 50, "text_guidance_scale": 3.0})
+    assert (plain == explicit).all()
+    assert placed_right([plain], [case]) == 1

@@ -48,3 +48,12 @@ def test_a_bad_setting_is_refused_naming_it(root, data, message):
     (root / SERVING_FILE).write_text(json.dumps(data))
     with pytest.raises(ValueError, match=message):
         open_checkpoint(root, require_weights=False)
+
+
+def test_knob_defaults_round_trip_and_must_be_an_object(root):
+    serving = ServingDefaults(knob_defaults={"num_inference_steps": 50, "text_guidance_scale": 3.0})
+    write_serving_defaults(root, serving)
+    assert open_checkpoint(root, require_weights=False).serving == serving
+    (root / SERVING_FILE).write_text(json.dumps({"knob_defaults": [3]}))
+    with pytest.raises(ValueError, match="knob_defaults must be an object"):
+        open_checkpoint(root, require_weights=False)
