@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     dtype = pick_dtype(settings.dtype, device)
     check_device(settings.quantization, device, dtype)
     checkpoint = open_checkpoint(settings.model_dir, require_weights=not settings.random_weights)
-    from servicekit.lifecycle import exit_process, install_stop_signals, stop_gracefully
+    from servicekit.lifecycle import abort_start, exit_process, install_stop_signals, stop_gracefully
     from servicekit.tls import ClientTLS, ServerTLS
 
     running = build_server(
@@ -64,8 +64,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         settings.host, running.port, checkpoint.root, device, dtype, ", random weights" if settings.random_weights else "",
         ", fp8 weights" if settings.quantization == "fp8" else "",
     )
-    # The engine's warm-up (decode graphs, compilation) can fail too, e.g. out of GPU memory: the server stops and
-    # the process exits with it.
+    # Loading and the engine's warm-up (decode graphs, compilation) both run after the server listens.
     try:
         load_started = time.perf_counter()
         loaded = load_ar(checkpoint, device=device, dtype=dtype, random_weights=settings.random_weights,
@@ -97,11 +96,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
             profiler=make_profiler("ar_service", settings.profile_dir, device, settings.profile_max_traces),
         )
     except BaseException:
-        # Exit without interpreter teardown: threads that a failed warm-up leaves behind (compile workers) kept
-        # the process alive, listening and never serving, on a GPU that ran out of memory.
-        log.exception("ar_service could not start")
-        running.server.stop(0)
-        exit_process(1)
+        abort_start("ar_service", running.server)
     if settings.metrics_port:
         from prometheus_client import start_http_server
 

@@ -340,10 +340,8 @@ class AREngine:
     # -- the model card ---------------------------------------------------------------------
 
     def model_card(self) -> dict[str, Any]:
-        knobs = []
-        for knob in self.knob_table.knobs:
-            default = {**self.ar_defaults, **self.dit_defaults}.get(knob.name, knob.default)
-            knobs.append({"knob": knob, "default": default})
+        defaults = {**self.ar_defaults, **self.dit_defaults}
+        knobs = [{"knob": knob, "default": defaults.get(knob.name, knob.default)} for knob in self.knob_table.knobs]
         return {
             "id": self.model_id,
             "family": self.checkpoint.family,

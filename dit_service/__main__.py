@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     dtype = pick_dtype(settings.dtype, device)
     check_device(settings.quantization, device, dtype)
     checkpoint = open_checkpoint(settings.model_dir, require_weights=not settings.random_weights)
-    from servicekit.lifecycle import exit_process, install_stop_signals, stop_gracefully
+    from servicekit.lifecycle import abort_start, exit_process, install_stop_signals, stop_gracefully
     from servicekit.tls import ServerTLS
 
     running = build_server(
@@ -87,11 +87,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
             knob_defaults=checkpoint.serving.knob_defaults,
         )
     except BaseException:
-        # As ar_service: exit without interpreter teardown, so that no thread a failed start left behind keeps
-        # the process alive, listening and never serving.
-        log.exception("dit_service could not start")
-        running.server.stop(0)
-        exit_process(1)
+        abort_start("dit_service", running.server)
     if settings.metrics_port:
         from prometheus_client import start_http_server
 

@@ -45,6 +45,15 @@ def stop_gracefully(
     log.info("%s stopped after %.1f s", name, time.monotonic() - started)
 
 
+def abort_start(name: str, server: grpc.Server) -> NoReturn:
+    """A start that failed after the server began listening (loading, warm-up: e.g. out of GPU memory while
+    capturing graphs): logs why, stops the server and exits 1 without interpreter teardown, so that no thread the
+    failed start left behind keeps the process alive, listening and never serving. Call it from an except block."""
+    logging.getLogger(name).exception("%s could not start", name)
+    server.stop(0)
+    exit_process(1)
+
+
 def exit_process(code: int = 0) -> NoReturn:
     """Ends the process once the server has stopped: flushes the logs and exits without interpreter teardown.
 

@@ -18,8 +18,11 @@ from train.detect import detect
 from train.shapes import IMAGE_SIZE, examples, split_scenes
 from train.stages import grid, scene_grid_ids
 
-DEFAULT_STEPS = MAMMOTHMODA2_KNOBS.by_name["num_inference_steps"].default
-DEFAULT_GUIDANCE = MAMMOTHMODA2_KNOBS.by_name["text_guidance_scale"].default
+# What the shapes checkpoint serves a request that sends no knobs (its ardit_serving.json), and the family's
+# guidance it would get otherwise.
+SERVED_STEPS = architecture.SERVING.knob_defaults["num_inference_steps"]
+SERVED_GUIDANCE = architecture.SERVING.knob_defaults["text_guidance_scale"]
+FAMILY_GUIDANCE = MAMMOTHMODA2_KNOBS.by_name["text_guidance_scale"].default
 
 
 def scramble_rows(text: torch.Tensor, image: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -32,8 +35,8 @@ def scramble_rows(text: torch.Tensor, image: torch.Tensor, seed: int) -> tuple[t
 
 CheckConfig = tuple[int, float, bool]  # (steps, guidance, scramble)
 DEFAULT_CHECKS: tuple[CheckConfig, ...] = (
-    (DEFAULT_STEPS, DEFAULT_GUIDANCE, False), (DEFAULT_STEPS, DEFAULT_GUIDANCE, True),
-    (20, 3.0, False), (50, 3.0, False), (20, 5.0, False),
+    (SERVED_STEPS, SERVED_GUIDANCE, False), (SERVED_STEPS, SERVED_GUIDANCE, True),
+    (20, SERVED_GUIDANCE, False), (SERVED_STEPS, FAMILY_GUIDANCE, False), (20, 5.0, False),
 )
 
 

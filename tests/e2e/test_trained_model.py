@@ -28,6 +28,7 @@ from ar_service.render_client import GrpcRenderer, RenderHeader
 from ar_service.sampling import SamplingParams
 from protos.knobs import MAMMOTHMODA2_KNOBS
 from tests.e2e.conftest import running_stack
+from train.architecture import SERVING
 from train.detect import detect
 from train.evaluate import generate, held_out_examples
 from train.selfcheck import scramble_rows
@@ -36,7 +37,7 @@ from train.stages import grid
 TRAINED = Path(__file__).resolve().parents[2] / "train" / "checkpoints" / "shapes"
 CAPTIONS = 6
 STEPS = 20  # keeps the test short
-GUIDANCE = 3.0  # this model's best guidance (train/README.md)
+GUIDANCE = SERVING.knob_defaults["text_guidance_scale"]  # this model's best guidance (train/README.md)
 KNOBS = {"num_inference_steps": STEPS, "text_guidance_scale": GUIDANCE}
 PLACEMENT = ("background", "colour", "position")
 
@@ -116,7 +117,6 @@ def test_a_request_without_knobs_gets_the_checkpoints_own_defaults(trained_stack
     case = held_out_examples(1, seed=2)[0]
     with httpx.Client(timeout=120) as client:
         plain = generate(client, trained_stack.gateway_url, case.caption, 7, {})
-        explicit = generate(client, trained_stack.gateway_url, case.caption, 7,
-                            {"num_inference_steps": 50, "text_guidance_scale": 3.0})
+        explicit = generate(client, trained_stack.gateway_url, case.caption, 7, dict(SERVING.knob_defaults))
     assert (plain == explicit).all()
     assert placed_right([plain], [case]) == 1
