@@ -57,6 +57,11 @@ class LatentPreviewer:
         scale_factor = 2 ** (len(config.block_out_channels) - 1)
         pictures = synthetic_pictures(FIT_IMAGES, FIT_LATENT_SIDE * scale_factor)
         encoded = vae.encode(pictures.to(device=device, dtype=dtype)).latent_dist.mean.float()
+        if not torch.isfinite(encoded).all():  # else the fit below fails with LAPACK's "illegal value" message
+            raise RuntimeError(
+                f"the VAE's encoder gave non-finite latents for the preview fit on {device} ({dtype}); the VAE does "
+                "not compute correctly on this device as configured (e.g. a CUDA MPS client limited to too few SMs)"
+            )
         if getattr(config, "shift_factor", None) is not None:
             encoded = encoded - config.shift_factor
         if config.scaling_factor is not None:

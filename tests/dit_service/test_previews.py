@@ -51,6 +51,17 @@ def test_the_map_fits_any_latent_channel_count_and_is_the_same_every_time():
     assert pixels.shape == (48, 80, 3) and pixels.dtype.name == "uint8"
 
 
+@torch.no_grad()
+def test_a_vae_that_computes_non_finite_latents_is_named_as_the_cause():
+    """On a device where the VAE's kernels go wrong (seen under CUDA MPS with a client held to 40% of the SMs) the
+    fit says so, instead of LAPACK's "Argument 4 has illegal value"."""
+    torch.manual_seed(0)
+    vae = AutoencoderKL.from_config({**TINY_VAE_CONFIG, "latent_channels": 4}).eval()
+    vae.encoder.conv_in.weight[0, 0, 0, 0] = float("nan")
+    with pytest.raises(RuntimeError, match="VAE's encoder gave non-finite latents for the preview fit on cpu"):
+        LatentPreviewer.fit(vae, "cpu", torch.float32)
+
+
 def test_a_model_that_knows_the_velocity_previews_the_final_image_at_every_step():
     shape, seed = (16, 4, 4), 7
     data = torch.randn(1, *shape, generator=torch.Generator().manual_seed(1))
