@@ -53,6 +53,7 @@ from bench.harness import (
     latency_summary,
     machine_info,
     outcome_of,
+    parse_env,
     request_body,
     stage_means,
 )
@@ -328,6 +329,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "e.g. --service-arg --quantization=fp8)")
     parser.add_argument("--ar-arg", action="append", default=[], help="a flag for ar_service only (repeatable)")
     parser.add_argument("--dit-arg", action="append", default=[], help="a flag for dit_service only (repeatable)")
+    parser.add_argument("--env-ar", type=parse_env, default={},
+                        help="KEY=VALUE pairs, comma-separated, set in ar_service's environment only")
+    parser.add_argument("--env-dit", type=parse_env, default={},
+                        help="the same for dit_service (e.g. CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=60 under CUDA MPS)")
     parser.add_argument("--label", default=None, help="precision label of the run (default: fp8 or the dtype)")
     return parser
 
@@ -349,12 +354,14 @@ def main(argv: list[str] | None = None) -> int:
         "precision": args.label or precision_label([*args.service_arg, *args.ar_arg, *args.dit_arg], dtype),
         "prompt": PROMPT,
         "service_args": {"ar_service": extra_ar[:-2], "dit_service": extra_dit[:-2]},
+        "service_env": {"ar_service": args.env_ar, "dit_service": args.env_dit},
         "points": [],
     }
     path = args.out / RESULT_NAME
     model_dir = make_model_dir(args.workdir, args.tiny)
     stack = ServiceStack(model_dir, args.out / LOGS_DIR, device=args.device, random_weights=not args.tiny,
-                         request_timeout_s=args.timeout_s, extra_ar=extra_ar, extra_dit=extra_dit)
+                         request_timeout_s=args.timeout_s, extra_ar=extra_ar, extra_dit=extra_dit,
+                         env_ar=args.env_ar, env_dit=args.env_dit)
     metrics = {"ar": f"http://127.0.0.1:{ar_metrics}/metrics", "dit": f"http://127.0.0.1:{dit_metrics}/metrics"}
     watch = GpuMemoryWatch()
     try:

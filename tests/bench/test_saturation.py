@@ -80,6 +80,12 @@ def test_targets_pass_or_fail_against_the_issue_thresholds():
     assert "1.200 img/s" in later and "| FAIL |" in later
 
 
+def test_the_points_table_gives_littles_law_beside_the_window_count():
+    text = saturation_report.render([_result("bf16", 1.62)])
+    row = next(line for line in text.splitlines() if line.startswith("| bf16 | 512x512/20, c16 | 1.62"))
+    assert row.split(" | ")[3] == "1.778"  # 16 clients / 9.0 s mean latency
+
+
 def test_pass_through_flags_may_start_with_a_dash():
     argv = saturation.join_pass_through(["--out", "x", "--service-arg", "--quantization=fp8", "--ar-arg", "--x"])
     assert argv == ["--out", "x", "--service-arg=--quantization=fp8", "--ar-arg=--x"]
