@@ -1,7 +1,7 @@
 """Where an AR decode step's time goes, and what each kernel choice costs (a GPU is advised).
 
-    python -m bench.decode_profile [--preview] [--rows 1,8] [--positions 700,4200] [--tune] [--quantization fp8]
-        [--out FILE]
+    python -m bench.decode_profile [--preview] [--rows 1,8] [--positions 700,4200] [--tune] [--tune-rows 1,64]
+        [--tune-roles gate_up,down] [--quantization fp8] [--out FILE]
 
 For each kernel set of ``--kernels`` ("torch": cuBLAS, torch.compile'd layer bodies, length buckets; "triton":
 ``ar_service/model/decode_kernels.py``; "triton+fold": the same with the RMSNorm folded into the linear kernels)
@@ -9,10 +9,11 @@ it reports: the replay time of one captured step for each row count
 and cached length; the time of the step's linear layers alone (every layer's weights once, in a graph) with
 cuBLAS and with the Triton kernel, as bytes read / time against the measured copy bandwidth; the sampler alone;
 and the heaviest kernels of one step (torch.profiler). ``--tune`` times a grid of block shapes of the Triton
-linear kernel for each weight shape. ``--quantization fp8`` profiles the model with FP8 weights (as the service's
-``--quantization fp8`` loads it): the Triton kernels read e4m3 and the tune covers their block shapes; the cuBLAS
-lines then run on the bf16 weights the FP8 ones came from, the baseline FP8 has to beat. Prints one JSON object
-(and writes it to --out).
+linear kernel for each weight shape (of ``--tune-roles``, at each row count of ``--tune-rows``: the row tile follows
+the rows). ``--quantization fp8`` profiles the model with FP8 weights (as the service's ``--quantization fp8`` loads
+it): the Triton kernels read e4m3 and the tune covers their block shapes, each beside the same kernel on the
+dequantized bf16 weights; the cuBLAS lines then run on the bf16 weights the FP8 ones came from, the baseline FP8 has
+to beat. Prints one JSON object (and writes it to --out).
 """
 
 from __future__ import annotations
@@ -113,21 +114,35 @@ def linears_ms(calls: dict[str, list], kind: str, blocks=None) -> float:
     return graph_ms(lambda: [decode_kernels.linear(x, w, blocks=blocks, **extra) for x, w, extra in group])
 
 
-def tune(calls: dict[str, list], gb_per_s: float) -> dict:
-    grid = [*itertools.product((32, 64), (256, 512), (4,), (4, 5)),
-            (16, 512, 4, 5), (32, 256, 4, 6), (128, 256, 4, 4), (64, 256, 8, 5), (128, 128, 4, 5)]
+def dequantized(group: list) -> list:
+    """The calls with each FP8 weight replaced by the bf16 one it came from: the Triton kernel on bf16 weights."""
+    return [(x, cublas_weight(w, extra, x.dtype), {**extra, "scale": None}) for x, w, extra in group]
+
+
+#: Block shapes (BLOCK_N, BLOCK_K, warps, stages) that --tune times for every weight shape; for FP8 weights, each
+#: also on the same weights dequantized to bf16 (what the bytes saved have to beat, in the same kernel).
+TUNE_GRID = [*itertools.product((32, 64), (256, 512), (4,), (4, 5)),
+             (16, 512, 4, 5), (32, 256, 4, 6), (128, 256, 4, 4), (64, 256, 8, 5), (128, 128, 4, 5), (32, 128, 4, 3)]
+
+
+def tune(calls: dict[str, list], gb_per_s: float, roles: list[str] | None = None) -> dict:
     report = {}
     for name, group in calls.items():
+        if roles and name not in roles:
+            continue
         nbytes = calls_bytes({name: group})
         one = {name: group}
+        variants = {str(blocks): (group, blocks) for blocks in TUNE_GRID}
+        if group[0][2].get("scale") is not None:
+            variants.update({f"{blocks} bf16 weights": (dequantized(group), blocks) for blocks in TUNE_GRID})
         results = {"cublas": linears_ms(one, "cublas")}
-        for blocks in grid:
+        for key, (variant, blocks) in variants.items():
             try:
-                results[str(blocks)] = linears_ms(one, "triton", blocks)
+                results[key] = linears_ms({name: variant}, "triton", blocks)
             except Exception as error:  # a shape the compiler refuses (shared memory)
-                results[str(blocks)] = repr(error)[:80]
+                results[key] = repr(error)[:80]
         timed = {k: v for k, v in results.items() if isinstance(v, float)}
-        best = min((k for k in timed if k != "cublas"), key=timed.get)
+        best = min((k for k in timed if k != "cublas" and "bf16 weights" not in k), key=timed.get)
         default = str(decode_kernels.linear_blocks(*group[0][1].shape, bool(group[0][2].get("swiglu"))))
         report[name] = {
             "shape": list(group[0][1].shape), "count": len(group), "mb": round(nbytes / 1e6, 1),
@@ -137,6 +152,10 @@ def tune(calls: dict[str, list], gb_per_s: float) -> dict:
             "best_vs_copy": round(nbytes / timed[best] / 1e6 / gb_per_s, 3),
             "top5": sorted(((round(v, 4), k) for k, v in timed.items()))[:5],
         }
+        bf16 = {k: v for k, v in timed.items() if "bf16 weights" in k}
+        if bf16:
+            best_bf16 = min(bf16, key=bf16.get)
+            report[name].update(best_bf16_weights=best_bf16, best_bf16_weights_ms=round(bf16[best_bf16], 4))
         print("tune", name, json.dumps(report[name]), flush=True)
     return report
 
@@ -175,6 +194,8 @@ def main() -> None:
     parser.add_argument("--kernels", default="torch,triton,triton+fold",
                         help="kernel sets to compare (triton+fold: RMSNorm folded into the linear kernels)")
     parser.add_argument("--tune", action="store_true")
+    parser.add_argument("--tune-rows", default="1", help="row counts the tune runs at (comma-separated)")
+    parser.add_argument("--tune-roles", default="", help="weights the tune runs for (default all: qkv,o,gate_up,down,gen_head)")
     parser.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
                         help="fp8: the model as the service loads it with --quantization fp8")
     parser.add_argument("--out", type=Path)
@@ -211,7 +232,9 @@ def main() -> None:
             result["linears"][f"{kind}_{rows}_rows_vs_copy"] = round(nbytes / ms / 1e6 / bandwidth, 3)
     print("linears", json.dumps(result["linears"]), flush=True)
     if args.tune:
-        result["tune_1_row"] = tune(linear_calls(last, 1), bandwidth)
+        for rows in (int(r) for r in args.tune_rows.split(",")):
+            result[f"tune_{rows}_row" + "s" * (rows > 1)] = tune(linear_calls(last, rows), bandwidth,
+                                                                 [r for r in args.tune_roles.split(",") if r])
     emit(result, args.out)
 
 

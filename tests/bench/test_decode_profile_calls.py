@@ -13,7 +13,7 @@ from ar_service.model import decode_kernels
 from ar_service.model.loading import load_ar
 from ar_service.model.static_decode import StaticDecoder
 from ar_service.model.tiny import write_ar_only_root
-from bench.decode_profile import calls_bytes, cublas_weight, linear_calls
+from bench.decode_profile import calls_bytes, cublas_weight, dequantized, linear_calls
 
 
 @pytest.fixture(scope="module")
@@ -40,3 +40,19 @@ def test_fp8_calls_carry_their_scales_and_time_the_kernels_the_step_runs(roots):
     x, w, extra = fp8_calls["gen_head"][0]
     torch.testing.assert_close(decode_kernels.linear(x, w, **extra), F.linear(x, cublas_weight(w, extra, x.dtype)),
                                rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not decode_kernels.available, reason="triton is not installed")
+def test_the_tunes_bf16_comparison_runs_the_same_kernel_on_the_weights_the_fp8_ones_came_from(roots):
+    """--tune times each FP8 weight beside the same Triton call on its dequantized bf16 weight: same extras (norm,
+    SwiGLU, residual), no scales, the same product."""
+    fp8 = StaticDecoder(roots[1], slots=2, max_positions=64, kernels="triton")
+    for role, group in linear_calls(fp8, 2).items():
+        plain = dequantized(group)
+        for (x, w, extra), (x2, w2, extra2) in zip(group, plain, strict=True):
+            assert x2 is x and extra2["scale"] is None and torch.equal(w2, cublas_weight(w, extra, x.dtype))
+            assert {k: v for k, v in extra2.items() if k != "scale"} == {k: v for k, v in extra.items() if k != "scale"}
+        x, w, extra = group[0]
+        x2, w2, extra2 = plain[0]
+        torch.testing.assert_close(decode_kernels.linear(x2, w2, **extra2), decode_kernels.linear(x, w, **extra),
+                                   rtol=1e-4, atol=1e-4, msg=role)
