@@ -1,9 +1,11 @@
 """The dashboard of one harness run: ``DASHBOARD.md`` (tables and targets) and ``dashboard.png`` (curves).
 
-``python -m bench.dashboard RAW.json [--out DIR] [--bounds BOUNDS.json]`` (DIR defaults to the JSON's directory);
+``python -m bench.dashboard RAW.json [--out DIR] [--bounds BOUNDS.json] [--fp8 FP8.json ...] [--fp8-run FP8RAW.json]
+[--saturation SAT.json ...]`` (DIR defaults to the JSON's directory);
 ``bench.harness`` calls it at the end of a run. ``--bounds`` sets the run's stage figures against bounds measured
 later by ``python -m bench.bounds --out BOUNDS.json`` on the same kind of card, instead of those measured in the
-run (the timings are the run's either way; the dashboard says which bounds it used).
+run (the timings are the run's either way; the dashboard says which bounds it used). ``--fp8``, ``--fp8-run`` and
+``--saturation`` add the FP8 and saturation targets (``bench.beyond_bf16``).
 
 The PNG needs matplotlib (the ``bench`` extra: ``pip install -e '.[bench]'``); without it the markdown is written
 alone and says so, and the PNG can be made later from the same JSON on another machine.
@@ -138,7 +140,8 @@ def _peaks(peaks: dict | None) -> str:
     return ", ".join(f"{name} {_fmt(value)}" for name, value in peaks.items())
 
 
-def markdown(raw: dict, png_note: str, image: str | None = None) -> str:
+def markdown(raw: dict, png_note: str, image: str | None = None, extra: list[str] | None = None) -> str:
+    """The page; ``extra``: lines of a further section after the targets (``bench.beyond_bf16``)."""
     machine = raw.get("machine", {})
     what = machine.get("gpu") or f"{machine.get('cpus')} CPUs"
     lines = [
@@ -159,6 +162,7 @@ def markdown(raw: dict, png_note: str, image: str | None = None) -> str:
         *_table(["target", "measured", "verdict"], targets(raw)),
         "",
         *against(bounds_section(raw)),
+        *(extra or []),
         "## Sweep",
         "",
         "Latency is the client's (seconds); throughput = completed images / (last end - first start); steady = "
@@ -397,7 +401,7 @@ def plot(raw: dict, path: Path) -> bool:
     return True
 
 
-def write(raw: dict, out: Path) -> list[Path]:
+def write(raw: dict, out: Path, extra: list[str] | None = None) -> list[Path]:
     """Writes the PNG (when matplotlib is there) and DASHBOARD.md into ``out``; returns the paths written."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -409,7 +413,7 @@ def write(raw: dict, out: Path) -> list[Path]:
     if not made:
         print(f"[dashboard] matplotlib missing: {PNG_NAME} skipped", file=sys.stderr)
     md = out / MARKDOWN_NAME
-    md.write_text(markdown(raw, note, PNG_NAME if made else None))
+    md.write_text(markdown(raw, note, PNG_NAME if made else None, extra))
     return [md, png] if made else [md]
 
 
@@ -469,8 +473,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bounds", type=Path, default=None,
                         help="a JSON from `python -m bench.bounds --out FILE`: set the run's stage figures against "
                              "these bounds instead of those measured in the run")
+    parser.add_argument("--fp8", type=Path, nargs="+", default=[],
+                        help="bench.fp8_check JSONs (AR and DiT parts): the FP8 step targets")
+    parser.add_argument("--fp8-run", type=Path, default=None,
+                        help="a harness raw.json whose model services ran with --quantization fp8: the FP8 c1 latencies")
+    parser.add_argument("--saturation", type=Path, nargs="+", default=[],
+                        help="bench.saturation JSONs: the throughput targets and points")
     args = parser.parse_args(argv)
     raw = merge([json.loads(path.read_text()) for path in args.raw])
+    extra = None
+    if args.fp8 or args.fp8_run or args.saturation:
+        from bench import beyond_bf16  # it renders with this module's helpers: imported once they exist
+
+        extra = beyond_bf16.section([json.loads(p.read_text()) for p in args.fp8],
+                                    json.loads(args.fp8_run.read_text()) if args.fp8_run else None,
+                                    [json.loads(p.read_text()) for p in args.saturation])
     if args.bounds is not None:
         try:
             raw = {**raw, "bounds": ratios.restate(raw.get("bounds") or {}, read_bounds(args.bounds, raw), args.bounds.name)}
@@ -480,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args.raw) > 1:  # the merged report beside the dashboard made from it (inputs left as they are)
         out.mkdir(parents=True, exist_ok=True)
         (out / "merged.json").write_text(json.dumps(raw, indent=2) + "\n")
-    for path in write(raw, out):
+    for path in write(raw, out, extra):
         print(path)
     return 0
 

@@ -49,6 +49,11 @@ def _ordered_keys(rows: dict) -> list[tuple[int, int, int, str]]:
 
 
 def targets_table(rows: dict) -> list[str]:
+    return _table(["target", "measured", "verdict"], target_rows(rows))
+
+
+def target_rows(rows: dict) -> list[list[str]]:
+    """[target, measured, verdict] for each throughput target."""
     table = []
     for (size, steps, clients, precision), least in TARGETS.items():
         point = rows.get((size, steps, clients, precision))
@@ -62,7 +67,7 @@ def targets_table(rows: dict) -> list[str]:
         p95 = (point.get("latency_s") or {}).get("p95")
         measured = f"{value:.3f} img/s (p50 {_fmt((point.get('latency_s') or {}).get('p50'), 2)} s, p95 {_fmt(p95, 2)} s)"
         table.append([label, measured, "pass" if value >= least else "FAIL"])
-    return _table(["target", "measured", "verdict"], table)
+    return table
 
 
 def points_table(rows: dict) -> list[str]:
