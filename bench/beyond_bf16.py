@@ -3,8 +3,10 @@
 Each target comes from the benchmark that measures it, each marked pass or FAIL, or "not measured" until a file
 has it:
 
-- the AR's FP8 decode step at one row and the DiT's FP8 denoise speed-up at 1024x1024: ``bench.fp8_check`` JSONs
-  (``--parts ar`` and ``--parts dit`` may be separate files);
+- the AR's FP8 time per token at concurrency 1: the FP8 services run below (its own stage timings), or without one
+  the decode step at one row of ``bench.fp8_check``;
+- the DiT's FP8 denoise speed-up at 1024x1024: ``bench.fp8_check`` JSONs (``--parts ar`` and ``--parts dit`` may be
+  separate files);
 - the end-to-end latency at concurrency 1 with FP8: a harness run whose model services ran with
   ``--quantization fp8`` (``bench.harness --extra-ar=--quantization=fp8 --extra-dit=--quantization=fp8``);
 - throughput at saturation, bf16 and FP8: ``bench.saturation`` JSONs (``bench.saturation_report`` renders them).
@@ -40,17 +42,37 @@ def _row(label: str, value: float | None, text: str | None, ok: bool) -> list[st
     return [label, text or fmt(value), "pass" if ok else "FAIL"]
 
 
+def _served_ms_per_token(fp8_run: dict | None) -> dict[str, float]:
+    """"SIZE/STEPS" -> the AR's ms per decode token in the FP8 services run at concurrency 1 (its own timings)."""
+    served = {}
+    for size, steps in FP8_C1_LATENCY_LIMITS_S:
+        run = _run(fp8_run or {}, size, steps, 1)
+        ms = (run or {}).get("stages_ms", {}).get("ar_ms_per_token")
+        if ms is not None:
+            served[f"{size}/{steps}"] = ms
+    return served
+
+
 def fp8_rows(checks: list[dict], fp8_run: dict | None) -> list[list[str]]:
-    """[target, measured, verdict] for the FP8 targets."""
+    """[target, measured, verdict] for the FP8 targets. The AR's time per token at concurrency 1 is the FP8
+    services run's (the slowest of its sizes) when it has one, else ``bench.fp8_check``'s decode step at one row."""
     check = _merged_checks(checks)
     rows = []
-    positions = _get(check, "ar_decode", "positions") or []
-    first = str(positions[0]) if positions else None
-    fp8_ms = _get(check, "ar_decode", "fp8", "ms_per_token", first) if first else None
-    bf16_ms = _get(check, "ar_decode", "bf16", "ms_per_token", first) if first else None
-    rows.append(_row(f"AR decode step, 1 row, FP8 <= {AR_MS_PER_TOKEN_TARGET} ms", fp8_ms,
-                     fp8_ms and f"{fp8_ms:.2f} ms @ {first} positions (bf16 {fmt(bf16_ms, 2)} ms)",
-                     fp8_ms is not None and fp8_ms <= AR_MS_PER_TOKEN_TARGET))
+    label = f"AR ms/token at c1, FP8 <= {AR_MS_PER_TOKEN_TARGET} ms"
+    served = _served_ms_per_token(fp8_run)
+    if served:
+        worst = max(served.values())
+        rows.append(_row(label, worst, f"{worst:.2f} ms in the FP8 services ("
+                         + ", ".join(f"{point}: {ms:.2f}" for point, ms in served.items()) + ")",
+                         worst <= AR_MS_PER_TOKEN_TARGET))
+    else:
+        positions = _get(check, "ar_decode", "positions") or []
+        first = str(positions[0]) if positions else None
+        fp8_ms = _get(check, "ar_decode", "fp8", "ms_per_token", first) if first else None
+        bf16_ms = _get(check, "ar_decode", "bf16", "ms_per_token", first) if first else None
+        rows.append(_row(label, fp8_ms,
+                         fp8_ms and f"{fp8_ms:.2f} ms, decode step at 1 row @ {first} positions (bf16 {fmt(bf16_ms, 2)} ms)",
+                         fp8_ms is not None and fp8_ms <= AR_MS_PER_TOKEN_TARGET))
     bf16_step, fp8_step = _get(check, "dit_step", "bf16", "ms", "1024"), _get(check, "dit_step", "fp8", "ms", "1024")
     speedup = bf16_step / fp8_step if bf16_step and fp8_step else None
     rows.append(_row(f"DiT 1024x1024 guided denoise step, FP8 >= {DIT_SPEEDUP_TARGET}x faster than bf16", speedup,

@@ -13,7 +13,9 @@ linear kernel for each weight shape (of ``--tune-roles``, at each row count of `
 the rows). ``--quantization fp8`` profiles the model with FP8 weights (as the service's ``--quantization fp8`` loads
 it): the Triton kernels read e4m3 and the tune covers their block shapes, each beside the same kernel on the
 dequantized bf16 weights; the cuBLAS lines then run on the bf16 weights the FP8 ones came from, the baseline FP8 has
-to beat. Prints one JSON object (and writes it to --out).
+to beat. At a row count whose tile is the dot-free kernel's (``decode_kernels.GEMV_TILES``: 2 rows) the FP8 tune
+covers that kernel's block shapes, beside the tensor-core kernel on the bf16 weights at its default shape. Prints one
+JSON object (and writes it to --out).
 """
 
 from __future__ import annotations
@@ -125,15 +127,28 @@ TUNE_GRID = [*itertools.product((32, 64), (256, 512), (4,), (4, 5)),
              (16, 512, 4, 5), (32, 256, 4, 6), (128, 256, 4, 4), (64, 256, 8, 5), (128, 128, 4, 5), (32, 128, 4, 3)]
 
 
+#: Block shapes (BLOCK_N, BLOCK_K, warps, stages) of the dot-free kernel (FP8 weights at its row tile): narrow
+#: blocks for many programs, wide ones that re-read the input rows less often.
+GEMV_TUNE_GRID = [(16, 256, 8, 6), (32, 128, 8, 6), (8, 512, 8, 6), (16, 256, 4, 4), (32, 256, 8, 4), (16, 512, 8, 4),
+                  (4, 512, 4, 4), (2, 512, 4, 3), (2, 1024, 4, 4), (64, 256, 8, 3), (32, 512, 8, 3), (32, 256, 4, 4)]
+
+
 def tune(calls: dict[str, list], gb_per_s: float, roles: list[str] | None = None) -> dict:
+    """The grid of block shapes for each role's weights, at the rows of ``calls`` (their row tile). An FP8 weight
+    on the dot-free kernel is compared with its bf16 weight on the tensor-core kernel's default shape; on the
+    tensor-core kernel, with its bf16 weight at each shape of the grid."""
     report = {}
     for name, group in calls.items():
         if roles and name not in roles:
             continue
         nbytes = calls_bytes({name: group})
         one = {name: group}
-        variants = {str(blocks): (group, blocks) for blocks in TUNE_GRID}
-        if group[0][2].get("scale") is not None:
+        x, weight, extra = group[0]
+        gemv = decode_kernels.uses_gemv(weight, decode_kernels.row_tile(x.shape[0]))
+        variants = {str(blocks): (group, blocks) for blocks in (GEMV_TUNE_GRID if gemv else TUNE_GRID)}
+        if gemv:
+            variants["default bf16 weights"] = (dequantized(group), None)
+        elif extra.get("scale") is not None:
             variants.update({f"{blocks} bf16 weights": (dequantized(group), blocks) for blocks in TUNE_GRID})
         results = {"cublas": linears_ms(one, "cublas")}
         for key, (variant, blocks) in variants.items():
@@ -143,7 +158,7 @@ def tune(calls: dict[str, list], gb_per_s: float, roles: list[str] | None = None
                 results[key] = repr(error)[:80]
         timed = {k: v for k, v in results.items() if isinstance(v, float)}
         best = min((k for k in timed if k != "cublas" and "bf16 weights" not in k), key=timed.get)
-        default = str(decode_kernels.linear_blocks(*group[0][1].shape, bool(group[0][2].get("swiglu"))))
+        default = str(decode_kernels.default_blocks(weight, decode_kernels.row_tile(x.shape[0]), bool(extra.get("swiglu"))))
         report[name] = {
             "shape": list(group[0][1].shape), "count": len(group), "mb": round(nbytes / 1e6, 1),
             "cublas_ms": round(timed["cublas"], 4), "cublas_vs_copy": round(nbytes / timed["cublas"] / 1e6 / gb_per_s, 3),

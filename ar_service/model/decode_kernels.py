@@ -36,9 +36,16 @@ available = triton is not None
 #: Triton's interpreter (TRITON_INTERPRET=1 when this module was imported): the kernels take CPU tensors.
 interpreting = os.environ.get("TRITON_INTERPRET") == "1"
 
-#: Row tiles of one launch: tl.dot needs at least 16 rows; fewer rows are masked (their reads cost nothing). A
-#: launch holds up to MAX_ROWS rows in one tile, so each weight is still read once for all of them.
-ROW_TILES = (16, 32, 64)
+#: Row tiles of a tensor-core launch: tl.dot needs at least 16 rows; fewer rows are masked (their reads cost
+#: nothing). A launch holds up to MAX_ROWS rows in one tile, so each weight is still read once for all of them.
+DOT_TILES = (16, 32, 64)
+#: Row tiles of the dot-free launch, taken by FP8 weights only (a decoder of one image: its conditional and
+#: unconditional rows): each weight element is widened once and multiplied into each row on the CUDA cores, so no
+#: widened tile goes through shared memory to reach a tensor core. On an H200 Preview's e4m3 linears take 13% less
+#: time this way at 2 rows than the tensor-core kernel on the bf16 weights, and 26% more at 4 rows (docs/fp8.md).
+#: A bf16 weight at this tile takes the tensor-core kernel at 16 rows (unchanged arithmetic).
+GEMV_TILES = (2,)
+ROW_TILES = GEMV_TILES + DOT_TILES
 MAX_ROWS = ROW_TILES[-1]
 #: Fixed split of each row's cached positions across programs in attention (flash-decoding): enough programs to
 #: fill the GPU at one row, and fixed so that a row's reduction order depends only on its own length.
@@ -47,11 +54,33 @@ ATTENTION_SPLITS = 32
 
 def row_tile(rows: int) -> int:
     """The smallest row tile that holds ``rows``. A decoder fixes it from its slot count, so that a row's
-    arithmetic (the matrix-multiply instruction tl.dot picks for the tile) never depends on its batch-mates."""
+    arithmetic (the kernel, and the matrix-multiply instruction tl.dot picks for the tile) never depends on its
+    batch-mates."""
     for tile in ROW_TILES:
         if rows <= tile:
             return tile
     raise ValueError(f"the triton kernels take at most {MAX_ROWS} rows, got {rows}")
+
+
+def uses_gemv(weight: torch.Tensor, tile: int) -> bool:
+    """Whether ``linear`` computes ``weight`` at row ``tile`` with the dot-free kernel: FP8 weights at GEMV_TILES."""
+    return tile in GEMV_TILES and weight.dtype == torch.float8_e4m3fn
+
+
+def gemv_blocks(n: int, k: int, swiglu: bool = False) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, warps, stages) of the dot-free kernel for an [n, k] FP8 weight: a function of the
+    weight's shape only (batch invariance). From ``bench/decode_profile.py --tune --tune-rows 2`` on an H200 with
+    Preview's shapes: narrow blocks (many programs) with three or four loads in flight; wider blocks re-read the
+    input rows per program and lost."""
+    if swiglu or n > 4608:
+        return 2, 512, 4, 3
+    return (2, 1024, 4, 4) if k > 4096 else (4, 512, 4, 4)
+
+
+def default_blocks(weight: torch.Tensor, tile: int, swiglu: bool = False) -> tuple[int, int, int, int]:
+    """The block shape ``linear`` launches ``weight`` with at row ``tile``: ``gemv_blocks`` or ``linear_blocks``."""
+    n, k = weight.shape
+    return gemv_blocks(n, k, swiglu) if uses_gemv(weight, tile) else linear_blocks(n, k, swiglu)
 
 
 def linear_blocks(n: int, k: int, swiglu: bool = False) -> tuple[int, int, int, int]:
@@ -79,7 +108,7 @@ if available:
         x_ptr, w_ptr, out_ptr, bias_ptr, res_ptr, norm_ptr, squares_in_ptr, squares_out_ptr, scale_ptr,
         M, N, K, stride_x, stride_w, stride_out, stride_res, stride_squares_in, stride_squares_out, parts, eps,
         BIAS: tl.constexpr, RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr, NORM: tl.constexpr, W_SCALE: tl.constexpr,
-        SQUARES_OUT: tl.constexpr, PARTS_BLOCK: tl.constexpr,
+        SQUARES_OUT: tl.constexpr, PARTS_BLOCK: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ):
         """out[:M, n] = f(x @ W[n]^T): N output columns per row; with SWIGLU, W holds N gate rows then N up rows and
@@ -87,7 +116,9 @@ if available:
         producer left (``parts`` of them): norm(x) W^T = rstd * ((x * norm_weight) W^T). SQUARES_OUT: this
         program's partial sum of squares of its output columns goes to column ``program_id`` of squares_out.
         W_SCALE: W holds e4m3 values with one float32 scale per row (output channel) at scale_ptr: each tile is
-        widened to x's dtype for the dot, and the float32 accumulator is multiplied by the column's scale."""
+        widened to x's dtype for the dot, and the float32 accumulator is multiplied by the column's scale.
+        Without DOT (a few rows, FP8 weights): ``_gemv_products`` on the CUDA cores; its products are the dot's (exact
+        in float32), summed in another order."""
         dtype = out_ptr.dtype.element_ty
         rm = tl.arange(0, BLOCK_M)
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -99,23 +130,27 @@ if available:
             partial = tl.load(squares_in_ptr + rm[:, None] * stride_squares_in + pp[None, :],
                               mask=m_ok[:, None] & (pp < parts)[None, :], other=0.0)
             rstd = 1.0 / tl.sqrt(tl.sum(partial, axis=1) / K + eps)
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + rk
-            k_ok = kk < K
-            x = tl.load(x_ptr + rm[:, None] * stride_x + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            if NORM:
-                x = x * tl.load(norm_ptr + kk, mask=k_ok, other=0.0)[None, :]
-            w = tl.load(w_ptr + rn[:, None] * stride_w + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            if W_SCALE:
-                w = w.to(x.dtype)
-            acc = tl.dot(x, tl.trans(w), acc)
-            if SWIGLU:
-                w_up = tl.load(w_ptr + (rn + N)[:, None] * stride_w + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        if DOT:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                kk = k0 + rk
+                k_ok = kk < K
+                x = tl.load(x_ptr + rm[:, None] * stride_x + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+                if NORM:
+                    x = x * tl.load(norm_ptr + kk, mask=k_ok, other=0.0)[None, :]
+                w = tl.load(w_ptr + rn[:, None] * stride_w + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
                 if W_SCALE:
-                    w_up = w_up.to(x.dtype)
-                acc_up = tl.dot(x, tl.trans(w_up), acc_up)
+                    w = w.to(x.dtype)
+                acc = tl.dot(x, tl.trans(w), acc)
+                if SWIGLU:
+                    w_up = tl.load(w_ptr + (rn + N)[:, None] * stride_w + kk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+                    if W_SCALE:
+                        w_up = w_up.to(x.dtype)
+                    acc_up = tl.dot(x, tl.trans(w_up), acc_up)
+        else:
+            acc, acc_up = _gemv_products(x_ptr, w_ptr, norm_ptr, M, N, K, stride_x, stride_w, NORM, SWIGLU,
+                                         BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
         if W_SCALE:
             acc = acc * tl.load(scale_ptr + rn, mask=n_ok, other=0.0)[None, :]
             if SWIGLU:
@@ -138,6 +173,40 @@ if available:
             kept = tl.where(mask, out.to(tl.float32), 0.0)
             tl.store(squares_out_ptr + rm * stride_squares_out + tl.program_id(0), tl.sum(kept * kept, axis=1),
                      mask=m_ok)
+
+    @triton.jit
+    def _gemv_products(
+        x_ptr, w_ptr, norm_ptr, M, N, K, stride_x, stride_w,
+        NORM: tl.constexpr, SWIGLU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        STAGES: tl.constexpr,
+    ):
+        """x [:M] times the e4m3 rows [N] of this program (and their up rows), float32 [BLOCK_M, BLOCK_N] each, on
+        the CUDA cores. The K axis is cut into groups of 8, one group per thread and row (8 bytes of e4m3, 16 of
+        bf16 x: both tensors then share one register layout, so no tile is reshuffled through shared memory):
+        each group is widened, multiplied and summed in the thread that loaded it, and the groups' sums are added
+        across threads once, after the loop. The loads are pipelined STAGES deep (asynchronous copies): the
+        compiler otherwise issues each load just before its products, one load in flight per thread."""
+        GROUP: tl.constexpr = 8
+        rm = tl.arange(0, BLOCK_M)[:, None, None, None]
+        rn = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N))[None, :, None, None]
+        rk = (tl.arange(0, BLOCK_K // GROUP)[:, None] * GROUP + tl.arange(0, GROUP)[None, :])[None, None, :, :]
+        m_ok = rm < M
+        n_ok = rn < N
+        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // GROUP], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // GROUP], dtype=tl.float32)
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+            kk = k0 + rk
+            k_ok = kk < K
+            x = tl.load(x_ptr + rm * stride_x + kk, mask=m_ok & k_ok, other=0.0)
+            if NORM:
+                x = x * tl.load(norm_ptr + kk, mask=k_ok, other=0.0)
+            x = x.to(tl.float32)
+            w = tl.load(w_ptr + rn * stride_w + kk, mask=n_ok & k_ok, other=0.0)
+            acc += tl.sum(x * w.to(tl.float32), axis=3)
+            if SWIGLU:
+                w_up = tl.load(w_ptr + (rn + N) * stride_w + kk, mask=n_ok & k_ok, other=0.0)
+                acc_up += tl.sum(x * w_up.to(tl.float32), axis=3)
+        return tl.sum(acc, axis=2), tl.sum(acc_up, axis=2)
 
     @triton.jit
     def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, K, stride_x, stride_out, eps, BLOCK_K: tl.constexpr):
@@ -319,7 +388,8 @@ def linear(
     taken in the same order, whatever the other rows. ``blocks`` overrides ``linear_blocks`` (for tuning).
     ``scale``: the weight is FP8 (e4m3, ``servicekit.fp8.quantize_weight``) with these float32 per-row scales [N]
     (a SwiGLU weight's gate rows, then its up rows); the product is computed in float32 and scaled per column.
-    ``tile``: the rows one launch computes together (one of ``ROW_TILES``, at least M; default ``row_tile(M)``)."""
+    ``tile``: the rows one launch computes together (one of ``ROW_TILES``, at least M; default ``row_tile(M)``); an
+    FP8 weight at a tile of GEMV_TILES takes the dot-free kernel (``gemv_blocks``)."""
     m, k = x.shape
     n = weight.shape[0] // 2 if swiglu else weight.shape[0]
     if m > MAX_ROWS or weight.shape[1] != k:
@@ -334,14 +404,16 @@ def linear(
     if norm is not None and squares is None:
         x, norm = rms_norm(x, *norm), None
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    block_n, block_k, warps, stages = blocks or linear_blocks(weight.shape[0], k, swiglu)
+    gemv = uses_gemv(weight, tile)
+    block_m = tile if gemv else max(tile, DOT_TILES[0])
+    block_n, block_k, warps, stages = blocks or default_blocks(weight, tile, swiglu)
     programs = triton.cdiv(n, block_n)
     squares_out = torch.empty((tile, programs), dtype=torch.float32, device=x.device) if emit_squares else None
     norm_w, eps = norm if norm is not None else (x, 0.0)
     flags = dict(BIAS=bias is not None, RESIDUAL=residual is not None, SWIGLU=swiglu, NORM=norm is not None,
                  SQUARES_OUT=emit_squares, W_SCALE=scale is not None)
     parts = squares.shape[1] if squares is not None else 1
-    key = (x.device, x.dtype, weight.dtype, tile, block_n, block_k, warps, stages, *flags.values())
+    key = (x.device, x.dtype, weight.dtype, block_m, block_n, block_k, warps, stages, *flags.values())
     stages = _fitting_stages.get(key, stages)
     while True:
         try:
@@ -351,8 +423,8 @@ def linear(
                 scale if scale is not None else out,
                 m, n, k, x.stride(0), weight.stride(0), out.stride(0), residual.stride(0) if residual is not None else 0,
                 squares.stride(0) if squares is not None else 0, squares_out.stride(0) if squares_out is not None else 0,
-                parts, eps, **flags, PARTS_BLOCK=triton.next_power_of_2(parts),
-                BLOCK_M=tile, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
+                parts, eps, **flags, PARTS_BLOCK=triton.next_power_of_2(parts), DOT=not gemv,
+                STAGES=stages, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
             )
         except triton.runtime.errors.OutOfResources:
             if stages <= 1:

@@ -75,9 +75,9 @@ def _resolve_decode_kernels(setting: str, device: torch.device, slots: int, dtyp
         return setting
     if device.type != "cuda" or not decode_kernels.available:
         return "torch"
-    if slots > decode_kernels.MAX_ROWS or (slots > decode_kernels.ROW_TILES[0] and not fp8):
+    if slots > decode_kernels.MAX_ROWS or (slots > decode_kernels.DOT_TILES[0] and not fp8):
         log.info("decode kernels: torch (%d slots; the triton kernels take at most %d, or %d with bf16 weights)",
-                 slots, decode_kernels.MAX_ROWS, decode_kernels.ROW_TILES[0])
+                 slots, decode_kernels.MAX_ROWS, decode_kernels.DOT_TILES[0])
         return "torch"
     error = decode_kernels.probe(device, dtype, fp8=fp8, tile=decode_kernels.row_tile(slots))
     if error is not None:

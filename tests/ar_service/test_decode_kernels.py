@@ -81,7 +81,7 @@ def test_a_norm_folded_from_the_producers_squares_equals_its_own_launch(dtype):
     norm = (torch.randn(40, generator=g).to(dtype), 1e-6)
     blocks = (16, 32, 4, 1)
     h, squares = decode_kernels.linear(x, w1, residual=residual, emit_squares=True, blocks=blocks)
-    assert squares.shape == (16, 3)  # a partial sum per row and per program of 16 columns
+    assert squares.shape == (16, 3)  # a partial sum per row of the 16-row tile and per program of 16 columns
     torch.testing.assert_close(squares[:3].sum(dim=1), h.float().pow(2).sum(dim=1), **TOLERANCE[dtype])
     assert torch.equal(h, decode_kernels.linear(x, w1, residual=residual, blocks=blocks))
     folded = decode_kernels.linear(h, w2, norm=norm, squares=squares, blocks=blocks)
@@ -114,7 +114,8 @@ def test_a_row_gives_the_same_bits_alone_and_among_many_at_one_tile(tile):
 
 
 def test_the_row_tile_is_the_smallest_that_holds_the_rows():
-    assert [decode_kernels.row_tile(r) for r in (1, 16, 17, 32, 33, 64)] == [16, 16, 32, 32, 64, 64]
+    rows = (1, 2, 3, 16, 17, 32, 33, 64)
+    assert [decode_kernels.row_tile(r) for r in rows] == [2, 2, 16, 16, 32, 32, 64, 64]
     with pytest.raises(ValueError, match="at most 64 rows"):
         decode_kernels.row_tile(65)
 

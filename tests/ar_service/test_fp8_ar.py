@@ -98,6 +98,61 @@ def test_the_linear_kernel_reads_fp8_weights_with_their_channel_scales(rows):
 
 
 @triton_only
+@pytest.mark.parametrize("tile", [2, 16])
+def test_an_fp8_row_gives_the_same_bits_alone_and_among_others_at_one_tile(tile):
+    """Batch invariance with FP8 weights, on the dot-free kernel (tile 2) and the tensor-core one (16)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(tile, 96, generator=g)
+    q, scale = quantize_weight(torch.randn(80, 96, generator=g) * 0.1)
+    assert decode_kernels.uses_gemv(q, tile) == (tile < 16)
+    together = decode_kernels.linear(x, q, swiglu=True, scale=scale, tile=tile)
+    for r in (0, tile - 1):
+        assert torch.equal(decode_kernels.linear(x[r:r + 1], q, swiglu=True, scale=scale, tile=tile), together[r:r + 1])
+
+
+@triton_only
+def test_the_dot_free_kernel_reads_every_e4m3_value_exactly():
+    """Each of the 254 finite e4m3 bytes, picked out by a one-hot row and scaled by 1, comes back as its exact value
+    (which bf16 holds): the widening loses nothing."""
+    values = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    values = values[~torch.isnan(values.float())]
+    w = values.view(2, 127).T.contiguous()  # [127, 2]: every value once
+    w = torch.cat([w, torch.zeros(127, 14, dtype=torch.float8_e4m3fn)], dim=1)  # K = 16
+    for column in range(2):
+        x = torch.zeros(1, 16)
+        x[0, column] = 1.0
+        got = decode_kernels.linear(x, w, scale=torch.ones(127), tile=2)
+        assert decode_kernels.uses_gemv(w, 2)
+        assert torch.equal(got[0], w[:, column].float())
+
+
+@triton_only
+def test_the_dot_free_kernel_folds_the_next_norm_from_its_squares():
+    """The residual linear's partial sums of squares, then the next linear's RMSNorm from them, on FP8 weights at a
+    dot-free tile: as the separate RMSNorm launch, within rounding."""
+    g = torch.Generator().manual_seed(4)
+    x, residual = torch.randn(2, 96, generator=g), torch.randn(2, 64, generator=g)
+    (q1, s1), (q2, s2) = quantize_weight(torch.randn(64, 96, generator=g)), quantize_weight(torch.randn(48, 64, generator=g))
+    norm, blocks = (torch.randn(64, generator=g), 1e-6), (8, 32, 4, 1)
+    h, squares = decode_kernels.linear(x, q1, residual=residual, emit_squares=True, blocks=blocks, scale=s1)
+    assert squares.shape == (2, 8)  # rows of the 2-row tile, programs of 8 columns
+    torch.testing.assert_close(h, residual + F.linear(x, dequantize(q1, s1, torch.float32)), rtol=1e-5, atol=1e-5)
+    folded = decode_kernels.linear(h, q2, norm=norm, squares=squares, blocks=blocks, scale=s2)
+    torch.testing.assert_close(folded, decode_kernels.linear(h, q2, norm=norm, blocks=blocks, scale=s2),
+                               rtol=1e-5, atol=1e-5)
+
+
+@triton_only
+def test_bf16_weights_at_a_small_tile_take_the_16_row_tensor_core_kernel():
+    """A bf16 (here float16) weight at tile 2 runs exactly the arithmetic it runs at tile 16: a small decoder's
+    rows match a 16-slot decoder's bit for bit, as before the dot-free tiles existed."""
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(2, 96, generator=g).half(), (torch.randn(80, 96, generator=g) * 0.1).half()
+    assert not decode_kernels.uses_gemv(w, 2)
+    assert torch.equal(decode_kernels.linear(x, w, tile=2), decode_kernels.linear(x, w, tile=16))
+
+
+@triton_only
 def test_the_linear_kernel_refuses_an_fp8_weight_without_its_scales():
     q, scale = quantize_weight(torch.randn(32, 64))
     with pytest.raises(ValueError, match="e4m3 weight needs its float32 scales"):
@@ -110,3 +165,4 @@ def test_the_linear_kernel_refuses_an_fp8_weight_without_its_scales():
 def test_the_probe_runs_the_fp8_linear_too():
     assert decode_kernels.probe(torch.device("cpu"), torch.float32, fp8=True) is None
     assert decode_kernels.probe(torch.device("cpu"), torch.float32, fp8=True, tile=64) is None
+    assert decode_kernels.probe(torch.device("cpu"), torch.float32, fp8=True, tile=2) is None
