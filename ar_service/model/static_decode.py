@@ -63,6 +63,10 @@ def resolve_decode_kernels(setting: str, device: torch.device, slots: int, dtype
     the torch kernels would dequantize each FP8 weight at every step). With FP8 weights on the torch kernels
     (slower than bf16, and memory for the dequantized weights) a warning says so."""
     kernels = _resolve_decode_kernels(setting, device, slots, dtype, fp8)
+    if fp8 and kernels == "triton" and decode_kernels.row_tile(slots) not in decode_kernels.GEMV_TILES:
+        log.warning("decode kernels: %d slots with fp8 weights take the tensor-core fp8 kernel, measured slower than "
+                    "bf16 on an H200; at most %d slots (max_batch_size 1) take the faster dot-free kernel "
+                    "(docs/fp8.md)", slots, decode_kernels.GEMV_TILES[-1])
     if fp8 and kernels == "torch":
         log.warning("decode kernels: torch with fp8 weights dequantizes each weight every step (slower than bf16); "
                     "the triton kernels read fp8 directly (they need CUDA, the triton package and at most %d slots)",

@@ -6,6 +6,7 @@ CPU tensors; the decode step on them is checked against the step on torch's kern
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
@@ -281,7 +282,7 @@ def test_triton_step_decodes_a_guided_grid_as_the_eager_decoder_does(setup, few_
     assert static.free_slots == 4
 
 
-def test_triton_kernels_are_chosen_where_they_can_run(monkeypatch):
+def test_triton_kernels_are_chosen_where_they_can_run(monkeypatch, caplog):
     """auto: torch off CUDA, with more slots than one launch holds (more than 16 with bf16 weights, more than 64
     with FP8), or when the probe launch fails; an explicit choice is kept. The probe runs at the slots' tile."""
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
@@ -297,6 +298,12 @@ def test_triton_kernels_are_chosen_where_they_can_run(monkeypatch):
     assert resolve_decode_kernels("auto", cuda, 8, torch.bfloat16) == "triton"
     assert resolve_decode_kernels("auto", cuda, 64, torch.bfloat16, fp8=True) == "triton"
     assert probed == [(False, 16), (True, 64)]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ar_service.model.static_decode"):
+        assert resolve_decode_kernels("auto", cuda, 2, torch.bfloat16, fp8=True) == "triton"
+        assert not caplog.records  # one image: the dot-free kernel
+        assert resolve_decode_kernels("auto", cuda, 4, torch.bfloat16, fp8=True) == "triton"
+    assert "4 slots with fp8 weights take the tensor-core fp8 kernel" in caplog.text
     monkeypatch.setattr(decode_kernels, "probe", lambda device, dtype, fp8, tile: RuntimeError("no bf16 dot on this GPU"))
     assert resolve_decode_kernels("auto", cuda, 8, torch.bfloat16) == "torch"
 
