@@ -144,7 +144,8 @@ def tune(calls: dict[str, list], gb_per_s: float, roles: list[str] | None = None
         nbytes = calls_bytes({name: group})
         one = {name: group}
         x, weight, extra = group[0]
-        gemv = decode_kernels.uses_gemv(weight, decode_kernels.row_tile(x.shape[0]))
+        tile = decode_kernels.row_tile(x.shape[0])
+        gemv = decode_kernels.uses_gemv(weight, tile)
         variants = {str(blocks): (group, blocks) for blocks in (GEMV_TUNE_GRID if gemv else TUNE_GRID)}
         if gemv:
             variants["default bf16 weights"] = (dequantized(group), None)
@@ -158,9 +159,9 @@ def tune(calls: dict[str, list], gb_per_s: float, roles: list[str] | None = None
                 results[key] = repr(error)[:80]
         timed = {k: v for k, v in results.items() if isinstance(v, float)}
         best = min((k for k in timed if k != "cublas" and "bf16 weights" not in k), key=timed.get)
-        default = str(decode_kernels.default_blocks(weight, decode_kernels.row_tile(x.shape[0]), bool(extra.get("swiglu"))))
+        default = str(decode_kernels.default_blocks(weight, tile, bool(extra.get("swiglu"))))
         report[name] = {
-            "shape": list(group[0][1].shape), "count": len(group), "mb": round(nbytes / 1e6, 1),
+            "shape": list(weight.shape), "count": len(group), "mb": round(nbytes / 1e6, 1),
             "cublas_ms": round(timed["cublas"], 4), "cublas_vs_copy": round(nbytes / timed["cublas"] / 1e6 / gb_per_s, 3),
             "default_blocks": default, "default_ms": round(linears_ms(one, "triton"), 4),
             "best_blocks": best, "best_ms": round(timed[best], 4),
