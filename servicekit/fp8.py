@@ -94,8 +94,10 @@ def quantize_rows(x: torch.Tensor, width: int | None = None) -> tuple[torch.Tens
     """Dynamic per-row (per-token) quantization of activations x [M, K]: (e4m3 [M, width], float32 scales [M, 1]).
     ``width`` > K pads each row with zeros (``_scaled_mm``'s K must be a multiple of 16)."""
     xf = x.float()
-    scale = (xf.abs().amax(dim=-1, keepdim=True) / E4M3_MAX).clamp(min=MIN_SCALE)
-    q = (xf / scale).clamp(-E4M3_MAX, E4M3_MAX)
+    # products by reciprocals (one division per row), the same arithmetic as torch's CUDA scalar division and as
+    # servicekit.fp8_kernels, so the quantized rows are the same bits on every device
+    scale = (xf.abs().amax(dim=-1, keepdim=True) * (1.0 / E4M3_MAX)).clamp(min=MIN_SCALE)
+    q = (xf * (1.0 / scale)).clamp(-E4M3_MAX, E4M3_MAX)
     if width is not None and width > x.shape[-1]:
         q = F.pad(q, (0, width - x.shape[-1]))
     return q.to(FP8_DTYPE), scale
@@ -118,17 +120,20 @@ class FP8Linear(nn.Module):
     ``activations``: "dynamic" (W8A8: each call quantizes its input per row and runs ``scaled_mm``; the weight is
     stored padded to multiples of 16 in both dimensions, the padding zero) or "weight_only" (the weight is
     dequantized to the input's dtype for the product: the AR's prefill, whose decode kernels read ``weight`` and
-    ``weight_scale`` themselves). ``quantize``: the activation quantizer (a fused version of ``quantize_rows``)."""
+    ``weight_scale`` themselves). ``quantize``: the activation quantizer (``quantize_rows`` or a faster equivalent,
+    such as ``servicekit.fp8_kernels.quantize_rows``); ``dequantize``: the weight widener of "weight_only" (likewise).
+    """
 
     def __init__(
         self, linear: nn.Linear, activations: Literal["dynamic", "weight_only"],
         quantize: Callable[..., tuple[torch.Tensor, torch.Tensor]] = quantize_rows,
+        dequantize: Callable[..., torch.Tensor] = dequantize,
     ) -> None:
         super().__init__()
         if activations not in ("dynamic", "weight_only"):
             raise ValueError(f"activations must be 'dynamic' or 'weight_only'; got {activations!r}")
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.activations, self._quantize = activations, quantize
+        self.activations, self._quantize, self._dequantize = activations, quantize, dequantize
         weight = linear.weight.detach()
         if activations == "dynamic":
             weight = F.pad(weight, (0, padded(self.in_features) - self.in_features,
@@ -144,7 +149,7 @@ class FP8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.activations == "weight_only":
-            return F.linear(x, dequantize(self.weight, self.weight_scale, x.dtype), self.bias)
+            return F.linear(x, self._dequantize(self.weight, self.weight_scale, x.dtype), self.bias)
         return self.forward_quantized(*self.quantize_input(x), x.shape[:-1])
 
     def quantize_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -174,15 +179,17 @@ def shared_input(x: torch.Tensor, *linears: nn.Module) -> list[torch.Tensor]:
 def quantize_linears_(
     root: nn.Module, names: Sequence[str], activations: Literal["dynamic", "weight_only"],
     quantize: Callable[..., tuple[torch.Tensor, torch.Tensor]] = quantize_rows,
+    dequantize: Callable[..., torch.Tensor] = dequantize,
 ) -> int:
     """Replaces the ``nn.Linear`` submodules of ``root`` at the dotted ``names`` by ``FP8Linear``s (in place, one
-    at a time, so that peak memory stays near the bf16 model's); returns how many were replaced."""
+    at a time, so that peak memory stays near the bf16 model's); returns how many were replaced. ``quantize`` and
+    ``dequantize``: as ``FP8Linear``'s."""
     for name in names:
         parent_name, _, child = name.rpartition(".")
         parent = root.get_submodule(parent_name) if parent_name else root
         linear = getattr(parent, child)
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"{name} is a {type(linear).__name__}, not an nn.Linear")
-        setattr(parent, child, FP8Linear(linear, activations, quantize))
+        setattr(parent, child, FP8Linear(linear, activations, quantize, dequantize))
         del linear
     return len(names)

@@ -8,14 +8,15 @@ reads it, for non-image requests, so quantizing it would buy memory, not speed, 
 
 Activations stay bf16 everywhere (weight-only): the decode kernels read fp8 weight tiles and scale the float32
 accumulator per output channel (``decode_kernels.linear``'s ``scale``); prefill and the eager paths dequantize a
-layer's weight for its matmul (``servicekit.fp8.FP8Linear`` "weight_only"), so prefill and decode see the same
-quantized weights.
+layer's weight for its matmul (``servicekit.fp8.FP8Linear`` "weight_only"; on CUDA one pass of
+``servicekit.fp8_kernels.dequantize`` per weight), so prefill and decode see the same quantized weights.
 """
 
 from __future__ import annotations
 
 from ar_service.model.modeling import MammothModa2AR
 from servicekit.fp8 import quantize_linears_
+from servicekit.fp8_kernels import dequantize
 
 #: Names of the AR linear layers FP8 covers, relative to a decoder layer.
 LAYER_LINEARS = (
@@ -36,5 +37,5 @@ def fp8_linear_names(model: MammothModa2AR) -> list[str]:
 
 def quantize_ar_(model: MammothModa2AR) -> MammothModa2AR:
     """Replaces the AR's decode-path linears by weight-only FP8 ones, in place (one layer at a time)."""
-    quantize_linears_(model, fp8_linear_names(model), "weight_only")
+    quantize_linears_(model, fp8_linear_names(model), "weight_only", dequantize=dequantize)
     return model
