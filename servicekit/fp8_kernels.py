@@ -16,17 +16,17 @@ differ from torch's SwiGLU in its last bf16 bit.
 
 ``quantize_rows`` and ``dequantize`` take the kernels for CUDA tensors and ``servicekit.fp8``'s torch arithmetic
 otherwise. The ``triton_*`` functions always run the kernels: on CUDA, or on CPU tensors in Triton's interpreter
-(``TRITON_INTERPRET=1`` before the import), which is how the tests check them.
+(``TRITON_INTERPRET=1`` before the import), which is how the tests check them (``servicekit.triton_rounding``
+keeps the interpreter's casts exact).
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 
 from servicekit import fp8
 from servicekit.fp8 import FP8_DTYPE
+from servicekit.triton_rounding import bf16_value, to_bf16, to_e4m3
 
 try:
     import triton
@@ -35,7 +35,6 @@ except ImportError:  # CPU installs: the torch arithmetic of servicekit.fp8 is u
     triton = tl = None
 
 available = triton is not None
-interpreting = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def supports(tensor: torch.Tensor) -> bool:
@@ -47,34 +46,6 @@ if available:
     _E4M3_MAX = tl.constexpr(fp8.E4M3_MAX)
     _INVERSE_E4M3_MAX = tl.constexpr(1.0 / fp8.E4M3_MAX)
     _MIN_SCALE = tl.constexpr(fp8.MIN_SCALE)
-    #: e4m3's smallest normal magnitude, 2^-6; below it values are multiples of 2^-9.
-    _E4M3_MIN_NORMAL = tl.constexpr(2.0**-6)
-    #: 1.5 * 2^14: a float32 sum with it has a unit in the last place of 2^-9.
-    _E4M3_SUBNORMAL_SHIFTER = tl.constexpr(1.5 * 2.0**14)
-    #: Triton's interpreter casts float32 to bf16 by truncation and to e4m3 with a rounding that can overflow the
-    #: mantissa; the hardware rounds both to nearest even. In the interpreter the kernels therefore round in
-    #: float32 arithmetic first, so that the casts only meet representable values.
-    _ROUND_IN_ARITHMETIC = tl.constexpr(interpreting)
-
-    @triton.jit
-    def _to_bf16(x):
-        """x (float32) rounded to the nearest bf16 value, ties to even, as float32."""
-        if _ROUND_IN_ARITHMETIC:
-            bits = x.to(tl.uint32, bitcast=True)
-            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-            return bits.to(tl.float32, bitcast=True)
-        return x.to(tl.bfloat16).to(tl.float32)
-
-    @triton.jit
-    def _to_e4m3(x):
-        """x (float32, |x| <= 448) rounded to the nearest e4m3 value, ties to even."""
-        if _ROUND_IN_ARITHMETIC:
-            bits = x.to(tl.uint32, bitcast=True)
-            normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000).to(tl.float32, bitcast=True)
-            magnitude = (tl.abs(x) + _E4M3_SUBNORMAL_SHIFTER) - _E4M3_SUBNORMAL_SHIFTER  # sign put back: -0 stays
-            subnormal = (magnitude.to(tl.uint32, bitcast=True) | (bits & 0x80000000)).to(tl.float32, bitcast=True)
-            x = tl.where(tl.abs(x) < _E4M3_MIN_NORMAL, subnormal, normal)
-        return x.to(tl.float8e4nv)
 
     @triton.jit
     def _load_row_chunk(x_ptr, up_ptr, rows, cols, row_ok, k, x_stride, up_stride, SWIGLU: tl.constexpr):
@@ -84,12 +55,12 @@ if available:
         x = tl.load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask=inside, other=0.0).to(tl.float32)
         if SWIGLU:
             up = tl.load(up_ptr + rows[:, None] * up_stride + cols[None, :], mask=inside, other=0.0).to(tl.float32)
-            x = _to_bf16(_to_bf16(x / (1.0 + tl.exp(-x))) * up)
+            x = bf16_value(bf16_value(x / (1.0 + tl.exp(-x))) * up)
         return x
 
     @triton.jit
     def _store_quantized(q_ptr, x, inverse, rows, cols, row_ok, width, q_stride):
-        q = _to_e4m3(tl.minimum(tl.maximum(x * inverse[:, None], -_E4M3_MAX), _E4M3_MAX))
+        q = to_e4m3(tl.minimum(tl.maximum(x * inverse[:, None], -_E4M3_MAX), _E4M3_MAX))
         tl.store(q_ptr + rows[:, None] * q_stride + cols[None, :], q, mask=row_ok[:, None] & (cols[None, :] < width))
 
     @triton.jit
@@ -129,7 +100,7 @@ if available:
         offsets = rows[:, None].to(tl.int64) * k + cols[None, :]
         q = tl.load(q_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
         scale = tl.load(scale_ptr + rows, mask=rows < n, other=0.0)
-        tl.store(out_ptr + offsets, _to_bf16(q * scale[:, None]).to(tl.bfloat16), mask=inside)
+        tl.store(out_ptr + offsets, to_bf16(q * scale[:, None]), mask=inside)
 
 
 def quantize_blocks(width: int) -> tuple[int, int, int]:

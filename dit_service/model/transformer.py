@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from diffusers.models.embeddings import TimestepEmbedding, Timesteps
 from torch import nn
 
+from dit_service.model import qk_rope_kernel
 from servicekit import fp8_kernels
 from servicekit.fp8 import FP8Linear, quantize_linears_, shared_input
 
@@ -196,10 +197,13 @@ class Attention(nn.Module):
         or, packed, x [1, N, dim] holding several samples back to back: ``segments`` = (start, length) of each."""
         b, s, _ = x.shape
         q, k, v = shared_input(x, self.to_q, self.to_k, self.to_v)  # FP8: x quantized once for the three
-        q = self.norm_q(q.view(b, s, self.heads, self.head_dim))
-        k = self.norm_k(k.view(b, s, self.kv_heads, self.head_dim))
+        q, k = q.view(b, s, self.heads, self.head_dim), k.view(b, s, self.kv_heads, self.head_dim)
         v = v.view(b, s, self.kv_heads, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if qk_rope_kernel.supports(q):  # the norm and the rotation in one pass per token
+            q = qk_rope_kernel.qk_norm_rope(q, self.norm_q.weight, self.norm_q.eps, cos, sin)
+            k = qk_rope_kernel.qk_norm_rope(k, self.norm_k.weight, self.norm_k.eps, cos, sin)
+        else:
+            q, k = apply_rope(self.norm_q(q), cos, sin), apply_rope(self.norm_k(k), cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, S, D]
         gqa = self.kv_heads != self.heads
         if gqa and not q.is_cuda:  # query head h reads kv head h // (heads / kv_heads), as the references
