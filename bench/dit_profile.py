@@ -5,10 +5,11 @@
 For each precision (bf16, then the same weights quantized as the service's ``--quantization fp8`` does) and image
 size it reports: the guided step replayed from the service's CUDA graphs (ms); one eager step under
 torch.profiler, its kernel time summed by kind (matmul, attention, FP8 activation quantizer, compiled elementwise
-kernels, other) and its heaviest kernels; and the rows each block linear multiplies at that size. Then, at those rows, each
-block linear's shape alone, timed in a CUDA graph: the bf16 product (cuBLAS), the FP8 row-wise product on the
-padded weight, the activation quantizer alone (and as compiled torch ops), and the same for the fused weights the
-FP8 path could use (q/k/v as one [N, K] and the feed-forward's gate/up as one). Prints one JSON object (and writes it to --out).
+kernels, other) and its heaviest kernels; and the rows each block linear multiplies at that size. Then, at those
+rows, each block linear's shape alone, timed in a CUDA graph: the bf16 product (cuBLAS), the FP8 row-wise product
+on the padded weight, the activation quantizer alone (and the same arithmetic compiled from torch ops), and the
+same for the fused weights the FP8 path could use (q/k/v as one [N, K] and the feed-forward's gate/up as one).
+Prints one JSON object (and writes it to --out).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def linear_rows(bench: DiTBench, size: int) -> int:
     """The rows the first joint block's q projection multiplies in one guided step of ``size``."""
     seen = []
     layer = bench.pipeline.transformer.layers[0].attn.to_q
-    handle = layer.register_forward_pre_hook(lambda _m, args: seen.append(args[0].reshape(-1, args[0].shape[-1]).shape[0]))
+    handle = layer.register_forward_pre_hook(lambda _m, args: seen.append(args[0].numel() // args[0].shape[-1]))
     try:
         bench.pipeline.step([_entry(bench, size)])
     finally:
@@ -102,8 +103,8 @@ def linear_shapes(bench: DiTBench) -> dict[str, tuple[int, int]]:
 
 def gemm_table(shapes: dict[str, tuple[int, int]], rows: int, device: torch.device) -> dict:
     """Each shape at ``rows``, in ms: bf16 cuBLAS; FP8 row-wise on the padded weight; the activation quantizer
-    alone, as the service runs it (``fp8_kernels``, one pass) and compiled from torch ops as it was before; the FP8
-    product with its quantizer. For the down projection also the SwiGLU before it: compiled in bf16 and then
+    alone, as the service runs it (``fp8_kernels``, one pass) and as the same arithmetic compiled from torch ops;
+    the FP8 product with its quantizer. For the down projection also the SwiGLU before it: compiled in bf16 and then
     quantized, against ``fp8_kernels``' fused SwiGLU-quantizer. TFLOP/s of the bf16 and FP8 products."""
     return {role: _gemm_row(n, k, rows, device, with_swiglu=role == "down") for role, (n, k) in shapes.items()}
 

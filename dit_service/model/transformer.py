@@ -57,9 +57,10 @@ MAX_REF_IMAGES = 5  # image_index_embedding rows
 log = logging.getLogger(__name__)
 
 
-#: Compiled variants allowed per fused function. One function serves inputs of several ranks, widths and
-#: layouts (RMSNorm: per head and per token, contiguous or a column slice of a padded FP8 product); past torch's
-#: default of 8 a new variant silently ran unfused (measured: ~7 ms of a 70 ms FP8 step at 1024x1024).
+#: torch.compile's limit of compiled variants per function, raised to this (process-wide) when a fused function
+#: first compiles. One function serves inputs of several ranks, widths and layouts (RMSNorm: per token, and per
+#: head of a column slice of a padded FP8 product); past torch's default of 8 a new variant silently ran unfused
+#: (measured: ~7 ms of a 72 ms FP8 step at 1024x1024).
 FUSED_RECOMPILE_LIMIT = 64
 
 

@@ -59,6 +59,20 @@ def test_a_column_slice_of_a_wider_output_and_a_3d_input_are_read_through_their_
     assert same_bits(q, ref_q) and torch.equal(scale, ref_scale)
 
 
+def test_rows_wider_than_one_block_are_quantized_in_two_passes_with_the_same_result():
+    g = torch.Generator().manual_seed(5)
+    k = 16400  # past the widest row a program holds whole: the amax pass, then the quantizing pass
+    assert fp8_kernels.quantize_blocks(k)[1] < k
+    x = (torch.randn(3, k, generator=g) * torch.tensor([[1e-3], [1.0], [1e3]])).to(torch.bfloat16)
+    q, scale = fp8_kernels.triton_quantize_rows(x, k + 16)
+    ref_q, ref_scale = fp8.quantize_rows(x, k + 16)
+    assert same_bits(q, ref_q) and torch.equal(scale, ref_scale)
+    gate, up = (torch.randn(2, 2, k, generator=g) * 4).to(torch.bfloat16)
+    q, scale = fp8_kernels.triton_swiglu_quantize_rows(gate, up)
+    ref_q, ref_scale = fp8.quantize_rows(F.silu(gate.float()).to(torch.bfloat16) * up)
+    assert same_bits(q, ref_q) and torch.equal(scale, ref_scale)
+
+
 def test_no_rows_give_empty_results_and_a_narrower_width_is_refused():
     q, scale = fp8_kernels.triton_quantize_rows(torch.zeros(0, 32, dtype=torch.bfloat16), 48)
     assert q.shape == (0, 48) and scale.shape == (0, 1)
