@@ -16,7 +16,7 @@ differ from torch's SwiGLU in its last bf16 bit.
 
 ``quantize_rows`` and ``dequantize`` take the kernels for CUDA tensors and ``servicekit.fp8``'s torch arithmetic
 otherwise. The ``triton_*`` functions always run the kernels: on CUDA, or on CPU tensors in Triton's interpreter
-(``TRITON_INTERPRET=1`` before the import), which is how the tests check them (``servicekit.triton_rounding``
+(``TRITON_INTERPRET=1`` before the import), which is how the tests check them (``servicekit.triton_support``
 keeps the interpreter's casts exact).
 """
 
@@ -26,15 +26,7 @@ import torch
 
 from servicekit import fp8
 from servicekit.fp8 import FP8_DTYPE
-from servicekit.triton_rounding import bf16_value, to_bf16, to_e4m3
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU installs: the torch arithmetic of servicekit.fp8 is used
-    triton = tl = None
-
-available = triton is not None
+from servicekit.triton_support import available, bf16_value, tl, to_bf16, to_e4m3, triton
 
 
 def supports(tensor: torch.Tensor) -> bool:

@@ -21,20 +21,11 @@ is imported, the kernels run on CPU tensors (slowly), which is how the tests che
 
 from __future__ import annotations
 
-import os
 from typing import Literal, overload
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU installs: the decode step then uses torch's kernels
-    triton = tl = None
-
-available = triton is not None
-#: Triton's interpreter (TRITON_INTERPRET=1 when this module was imported): the kernels take CPU tensors.
-interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+from servicekit.triton_support import available, interpreting, tl, triton  # noqa: F401 (re-exported)
 
 #: Row tiles of a tensor-core launch: tl.dot needs at least 16 rows; fewer rows are masked (their reads cost
 #: nothing). A launch holds up to MAX_ROWS rows in one tile, so each weight is still read once for all of them.

@@ -18,15 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from servicekit.triton_rounding import bf16_value, to_bf16
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU installs: the attention keeps its torch path
-    triton = tl = None
-
-available = triton is not None
+from servicekit.triton_support import available, bf16_value, tl, to_bf16, triton
 
 
 def supports(x: torch.Tensor) -> bool:

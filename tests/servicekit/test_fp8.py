@@ -182,3 +182,33 @@ def test_a_service_asked_for_fp8_on_the_cpu_exits_with_one_line(service, tmp_pat
     bad = subprocess.run([sys.executable, "-m", service, "--quantization", "int4"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=180)
     assert bad.returncode == 2 and "invalid choice: 'int4' (choose from 'none', 'fp8')" in bad.stderr
+
+
+def test_without_triton_the_fp8_layers_and_the_dit_run_on_torch_arithmetic():
+    """Triton is optional (CPU installs): the kernel modules still import, and an FP8 feed-forward and attention of
+    the DiT compute with servicekit.fp8's torch arithmetic."""
+    script = """
+import sys
+sys.modules["triton"] = sys.modules["triton.language"] = None  # as if Triton were not installed
+import torch
+from ar_service.model import decode_kernels
+from dit_service.model import qk_rope_kernel
+from dit_service.model.transformer import Attention, FeedForward, rope_tables
+from servicekit import fp8_kernels
+from servicekit.fp8 import FP8Linear
+assert not (fp8_kernels.available or qk_rope_kernel.available or decode_kernels.available)
+torch.manual_seed(0)
+block = FeedForward(32, 64)
+for name in ("linear_1", "linear_2", "linear_3"):
+    setattr(block, name, FP8Linear(getattr(block, name), "dynamic", fp8_kernels.quantize_rows))
+attention = Attention(32, heads=2, kv_heads=1)
+cos, sin = rope_tables(torch.zeros(1, 5, 3, dtype=torch.long), (4, 6, 6))
+x = torch.randn(1, 5, 32)
+print(tuple(block(x).shape), tuple(attention(x, cos, sin, None).shape))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[-2] == "(1, 5, 32) (1, 5, 32)"

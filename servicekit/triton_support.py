@@ -1,10 +1,13 @@
-"""Float32 -> bf16 and -> e4m3 roundings for Triton kernels that give the same bits on the GPU and in Triton's
-interpreter.
+"""Triton for the project's kernels: whether it is installed, whether its interpreter runs the kernels, and float32
+-> bf16 / -> e4m3 roundings that give the same bits on the GPU and in the interpreter.
 
-Why: the interpreter (``TRITON_INTERPRET=1``, how the CPU tests run the kernels) casts float32 to bf16 by truncation
-and to e4m3 with a rounding that can overflow the mantissa; the hardware rounds both to nearest even. In the
-interpreter these helpers round in float32 arithmetic first, so that the casts only meet representable values; on
-the GPU they are the plain casts.
+Why one module: the AR's decode kernels, the FP8 kernels and the DiT's q/k kernel all need the same import guard
+(Triton is optional: CPU installs run torch's arithmetic) and the same reading of ``TRITON_INTERPRET=1`` (the
+kernels then take CPU tensors, which is how the tests check them without a GPU).
+
+The roundings: the interpreter casts float32 to bf16 by truncation and to e4m3 with a rounding that can overflow
+the mantissa; the hardware rounds both to nearest even. In the interpreter these helpers round in float32
+arithmetic first, so that the casts only meet representable values; on the GPU they are the plain casts.
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ import os
 try:
     import triton
     import triton.language as tl
-except ImportError:  # CPU installs: no kernels to round for
+except ImportError:  # CPU installs: callers use torch's arithmetic instead of the kernels
     triton = tl = None
 
+#: Whether Triton imported.
 available = triton is not None
+#: Triton's interpreter (TRITON_INTERPRET=1 when this module was imported): the kernels take CPU tensors.
 interpreting = os.environ.get("TRITON_INTERPRET") == "1"
 
 if available:
@@ -51,3 +56,5 @@ if available:
     def to_bf16(x):
         """x (float32) rounded to the nearest bf16 value, ties to even, as bf16."""
         return bf16_value(x).to(tl.bfloat16)
+else:  # the names exist for importers; without Triton nothing calls them
+    bf16_value = to_bf16 = to_e4m3 = None
