@@ -39,18 +39,13 @@ def kind_of(kernel: str) -> str:
     return next((kind for kind, marks in KINDS if any(mark in name for mark in marks)), "other")
 
 
-def _entry(bench: DiTBench, size: int):
-    text, image = bench.conditions[size]
-    return bench.pipeline.start_entry(text, image, bench.empty, size, size, seed=0, steps=50, guidance=9.0)
-
-
 def linear_rows(bench: DiTBench, size: int) -> int:
     """The rows the first joint block's q projection multiplies in one guided step of ``size``."""
     seen = []
     layer = bench.pipeline.transformer.layers[0].attn.to_q
     handle = layer.register_forward_pre_hook(lambda _m, args: seen.append(args[0].numel() // args[0].shape[-1]))
     try:
-        bench.pipeline.step([_entry(bench, size)])
+        bench.pipeline.step([bench.entry(size)])
     finally:
         handle.remove()
     return seen[0]
@@ -62,7 +57,7 @@ def kernel_profile(bench: DiTBench, size: int, steps: int = 2, top: int = 15) ->
 
     model, bench.pipeline.step_model = bench.pipeline.step_model, bench.pipeline.transformer
     try:
-        entry = _entry(bench, size)
+        entry = bench.entry(size)
         for _ in range(2):
             bench.pipeline.step([entry])
         bench.pipeline.synchronize()

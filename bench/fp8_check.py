@@ -276,13 +276,17 @@ class DiTBench:
         c, u = both[:1], both[1:]
         return u + guidance * (c - u)
 
+    def entry(self, size: int):
+        """A guided 50-step render of ``size`` from the fixed conditions, ready for its first step."""
+        text, image = self.conditions[size]
+        return self.pipeline.start_entry(text, image, self.empty, size, size, seed=0, steps=50, guidance=9.0)
+
     def step_ms(self, steps: int = 6) -> dict:
         """Mean wall time of a guided denoise step (after eager, capture and replay warm-up steps), per size."""
         self.pipeline.use_cuda_graphs(8)  # a fresh set of graphs for the weights the transformer has now
         out = {}
         for size in self.sizes:
-            text, image = self.conditions[size]
-            entry = self.pipeline.start_entry(text, image, self.empty, size, size, seed=0, steps=50, guidance=9.0)
+            entry = self.entry(size)
             for _ in range(3):
                 self.pipeline.step([entry])
             self.pipeline.synchronize()

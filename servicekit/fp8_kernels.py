@@ -115,14 +115,15 @@ def _quantize(x: torch.Tensor, up: torch.Tensor | None, width: int | None) -> tu
     width = k if width is None else width
     if width < k:
         raise ValueError(f"width {width} is narrower than the rows ({k})")
-    up = x if up is None else _rows_2d(up)
+    swiglu = up is not None
+    up = _rows_2d(up) if swiglu else x  # unread without SWIGLU
     q = torch.empty(rows, width, device=x.device, dtype=FP8_DTYPE)
     scale = torch.empty(rows, 1, device=x.device, dtype=torch.float32)
     if rows:
         block_m, block_k, warps = quantize_blocks(width)
         _quantize_rows_kernel[(triton.cdiv(rows, block_m),)](
             x, up, q, scale, rows, k, width, x.stride(0), up.stride(0), q.stride(0),
-            SWIGLU=up is not x, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=warps)
+            SWIGLU=swiglu, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=warps)
     return q, scale
 
 
