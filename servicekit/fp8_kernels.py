@@ -116,7 +116,7 @@ def _quantize(x: torch.Tensor, up: torch.Tensor | None, width: int | None) -> tu
     if width < k:
         raise ValueError(f"width {width} is narrower than the rows ({k})")
     swiglu = up is not None
-    up = _rows_2d(up) if swiglu else x  # unread without SWIGLU
+    up = x if up is None else _rows_2d(up)  # unread without SWIGLU
     q = torch.empty(rows, width, device=x.device, dtype=FP8_DTYPE)
     scale = torch.empty(rows, 1, device=x.device, dtype=torch.float32)
     if rows:
