@@ -61,11 +61,9 @@ def uses_gemv(weight: torch.Tensor, tile: int) -> bool:
 def gemv_blocks(n: int, k: int, swiglu: bool = False) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_K, warps, stages) of the dot-free kernel for an [n, k] FP8 weight: a function of the
     weight's shape only (batch invariance). From ``bench/decode_profile.py --tune --tune-rows 2`` on an H200 with
-    Preview's shapes: narrow blocks (many programs) with three or four loads in flight; wider blocks re-read the
-    input rows per program and lost."""
-    if swiglu or n > 4608:
-        return 2, 512, 4, 3
-    return (2, 1024, 4, 4) if k > 4096 else (4, 512, 4, 4)
+    Preview's shapes: one warp per program holding two rows (and their up rows), 512 columns a step, three steps
+    in flight, was the best or within 4% of the best for every weight (bench/results/h200/fp8_gemv/NOTES.md)."""
+    return 2, 512, 1, 3
 
 
 def default_blocks(weight: torch.Tensor, tile: int, swiglu: bool = False) -> tuple[int, int, int, int]:
@@ -99,7 +97,7 @@ if available:
         x_ptr, w_ptr, out_ptr, bias_ptr, res_ptr, norm_ptr, squares_in_ptr, squares_out_ptr, scale_ptr,
         M, N, K, stride_x, stride_w, stride_out, stride_res, stride_squares_in, stride_squares_out, parts, eps,
         BIAS: tl.constexpr, RESIDUAL: tl.constexpr, SWIGLU: tl.constexpr, NORM: tl.constexpr, W_SCALE: tl.constexpr,
-        SQUARES_OUT: tl.constexpr, PARTS_BLOCK: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr,
+        SQUARES_OUT: tl.constexpr, PARTS_BLOCK: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr, EVEN_K: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     ):
         """out[:M, n] = f(x @ W[n]^T): N output columns per row; with SWIGLU, W holds N gate rows then N up rows and
@@ -141,7 +139,7 @@ if available:
                     acc_up = tl.dot(x, tl.trans(w_up), acc_up)
         else:
             acc, acc_up = _gemv_products(x_ptr, w_ptr, norm_ptr, M, N, K, stride_x, stride_w, NORM, SWIGLU,
-                                         BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
+                                         BLOCK_M, BLOCK_N, BLOCK_K, STAGES, EVEN_K)
         if W_SCALE:
             acc = acc * tl.load(scale_ptr + rn, mask=n_ok, other=0.0)[None, :]
             if SWIGLU:
@@ -166,38 +164,91 @@ if available:
                      mask=m_ok)
 
     @triton.jit
+    def _eighths(t):
+        """The 8 elements of t's last axis (held by one thread) as 8 tensors of the leading axes."""
+        a, b = tl.split(tl.reshape(t, t.shape[:-1] + [4, 2]))
+        a0, a1 = tl.split(tl.reshape(a, a.shape[:-1] + [2, 2]))
+        b0, b1 = tl.split(tl.reshape(b, b.shape[:-1] + [2, 2]))
+        e0, e4 = tl.split(a0)
+        e2, e6 = tl.split(a1)
+        e1, e5 = tl.split(b0)
+        e3, e7 = tl.split(b1)
+        return e0, e1, e2, e3, e4, e5, e6, e7
+
+    @triton.jit
+    def _multiply_add8(acc, w, x):
+        """acc + the products of the 8 ``_eighths`` of w and x, added one after another: one multiply-add each (a
+        reduction over the axis would add them as a tree: half of them multiplies and adds apart)."""
+        acc = acc + w[0] * x[0]
+        acc = acc + w[1] * x[1]
+        acc = acc + w[2] * x[2]
+        acc = acc + w[3] * x[3]
+        acc = acc + w[4] * x[4]
+        acc = acc + w[5] * x[5]
+        acc = acc + w[6] * x[6]
+        acc = acc + w[7] * x[7]
+        return acc
+
+    @triton.jit
     def _gemv_products(
         x_ptr, w_ptr, norm_ptr, M, N, K, stride_x, stride_w,
         NORM: tl.constexpr, SWIGLU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        STAGES: tl.constexpr,
+        STAGES: tl.constexpr, EVEN_K: tl.constexpr,
     ):
-        """x [:M] times the e4m3 rows [N] of this program (and their up rows), float32 [BLOCK_M, BLOCK_N] each, on
-        the CUDA cores. The K axis is cut into groups of 8, one group per thread and row (8 bytes of e4m3, 16 of
-        bf16 x: both tensors then share one register layout, so no tile is reshuffled through shared memory):
-        each group is widened, multiplied and summed in the thread that loaded it, and the groups' sums are added
-        across threads once, after the loop. The loads are pipelined STAGES deep (asynchronous copies): the
-        compiler otherwise issues each load just before its products, one load in flight per thread."""
+        """x [:M] (M <= 2) times the e4m3 rows [N] of this program (and their up rows), float32 [2, BLOCK_N] each,
+        on the CUDA cores. The K axis is cut into groups of 8 (8 bytes of e4m3, 16 of bf16 x: both tensors share
+        one register layout); a thread holds the same groups of every weight row of its program, so each input
+        element is loaded, normalised and widened once per thread and multiplied into all BLOCK_N rows from
+        registers. Each group is summed in the thread that loaded it, the groups' sums across threads once after
+        the loop. Rows past N re-read row N - 1 (never stored): no mask in the loop; K takes a mask only when
+        BLOCK_K does not divide it (EVEN_K)."""
+        tl.static_assert(BLOCK_M == 2)
         GROUP: tl.constexpr = 8
-        rm = tl.arange(0, BLOCK_M)[:, None, None, None]
-        rn = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N))[None, :, None, None]
-        rk = (tl.arange(0, BLOCK_K // GROUP)[:, None] * GROUP + tl.arange(0, GROUP)[None, :])[None, None, :, :]
-        m_ok = rm < M
-        n_ok = rn < N
-        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // GROUP], dtype=tl.float32)
-        acc_up = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K // GROUP], dtype=tl.float32)
+        G: tl.constexpr = BLOCK_K // GROUP
+        rn = tl.minimum(tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
+        kg = tl.arange(0, G)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+        w_rows = w_ptr + rn[:, None, None] * stride_w + kg[None, :, :]
+        up_rows = w_rows + N * stride_w
+        x1_ptr = x_ptr + tl.minimum(M - 1, 1) * stride_x  # a lone row is read twice; its second result is not stored
+        acc0 = tl.zeros([BLOCK_N, G], dtype=tl.float32)
+        acc1 = tl.zeros([BLOCK_N, G], dtype=tl.float32)
+        up0 = tl.zeros([BLOCK_N, G], dtype=tl.float32)
+        up1 = tl.zeros([BLOCK_N, G], dtype=tl.float32)
         for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-            kk = k0 + rk
-            k_ok = kk < K
-            x = tl.load(x_ptr + rm * stride_x + kk, mask=m_ok & k_ok, other=0.0)
+            kk = k0 + kg
+            if EVEN_K:
+                x0 = tl.load(x_ptr + kk)
+                x1 = tl.load(x1_ptr + kk)
+                w = tl.load(w_rows + k0)
+            else:
+                k_ok = kk < K
+                x0 = tl.load(x_ptr + kk, mask=k_ok, other=0.0)
+                x1 = tl.load(x1_ptr + kk, mask=k_ok, other=0.0)
+                w = tl.load(w_rows + k0, mask=k_ok[None, :, :], other=0.0)
             if NORM:
-                x = x * tl.load(norm_ptr + kk, mask=k_ok, other=0.0)
-            x = x.to(tl.float32)
-            w = tl.load(w_ptr + rn * stride_w + kk, mask=n_ok & k_ok, other=0.0)
-            acc += tl.sum(x * w.to(tl.float32), axis=3)
+                if EVEN_K:
+                    nw = tl.load(norm_ptr + kk)
+                else:
+                    nw = tl.load(norm_ptr + kk, mask=k_ok, other=0.0)
+                x0 = x0 * nw
+                x1 = x1 * nw
+            x0 = _eighths(x0.to(tl.float32)[None, :, :])
+            x1 = _eighths(x1.to(tl.float32)[None, :, :])
+            wf = _eighths(w.to(tl.float32))
+            acc0 = _multiply_add8(acc0, wf, x0)
+            acc1 = _multiply_add8(acc1, wf, x1)
             if SWIGLU:
-                w_up = tl.load(w_ptr + (rn + N) * stride_w + kk, mask=n_ok & k_ok, other=0.0)
-                acc_up += tl.sum(x * w_up.to(tl.float32), axis=3)
-        return tl.sum(acc, axis=2), tl.sum(acc_up, axis=2)
+                if EVEN_K:
+                    w_up = tl.load(up_rows + k0)
+                else:
+                    w_up = tl.load(up_rows + k0, mask=k_ok[None, :, :], other=0.0)
+                uf = _eighths(w_up.to(tl.float32))
+                up0 = _multiply_add8(up0, uf, x0)
+                up1 = _multiply_add8(up1, uf, x1)
+        first = tl.arange(0, BLOCK_M)[:, None] == 0
+        acc = tl.where(first, tl.sum(acc0, axis=1)[None, :], tl.sum(acc1, axis=1)[None, :])
+        acc_up = tl.where(first, tl.sum(up0, axis=1)[None, :], tl.sum(up1, axis=1)[None, :])
+        return acc, acc_up
 
     @triton.jit
     def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, K, stride_x, stride_out, eps, BLOCK_K: tl.constexpr):
@@ -414,7 +465,7 @@ def linear(
                 scale if scale is not None else out,
                 m, n, k, x.stride(0), weight.stride(0), out.stride(0), residual.stride(0) if residual is not None else 0,
                 squares.stride(0) if squares is not None else 0, squares_out.stride(0) if squares_out is not None else 0,
-                parts, eps, **flags, PARTS_BLOCK=triton.next_power_of_2(parts), DOT=not gemv,
+                parts, eps, **flags, PARTS_BLOCK=triton.next_power_of_2(parts), DOT=not gemv, EVEN_K=k % block_k == 0,
                 STAGES=stages, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
             )
         except triton.runtime.errors.OutOfResources:
