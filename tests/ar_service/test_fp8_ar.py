@@ -79,16 +79,17 @@ def test_the_fixed_slot_decoder_decodes_the_fp8_model_as_its_eager_decoder_does(
 
 
 @triton_only
-@pytest.mark.parametrize("rows", [1, 3, 33])
+@pytest.mark.parametrize("rows", [1, 2, 3, 33])
 def test_the_linear_kernel_reads_fp8_weights_with_their_channel_scales(rows):
     """Norm, bias, SwiGLU (gate and up rows with their own scales) and residual folded as with bf16 weights, on the
-    dequantized weight; blocks smaller than the weight, so the K loop repeats and the last block is masked."""
+    dequantized weight; blocks smaller than the weight, so the K loop repeats and its last block is masked (K = 100).
+    One and two rows take the dot-free kernel, more the tensor-core one."""
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(rows, 96, generator=g)
-    w = torch.randn(80, 96, generator=g) * torch.linspace(0.01, 1.0, 80)[:, None]
+    x = torch.randn(rows, 100, generator=g)
+    w = torch.randn(80, 100, generator=g) * torch.linspace(0.01, 1.0, 80)[:, None]
     q, scale = quantize_weight(w)
     wd = dequantize(q, scale, torch.float32)
-    bias, norm_w, residual = torch.randn(80, generator=g), torch.randn(96, generator=g), torch.randn(rows, 80, generator=g)
+    bias, norm_w, residual = torch.randn(80, generator=g), torch.randn(100, generator=g), torch.randn(rows, 80, generator=g)
     blocks = (16, 32, 4, 1)
     got = decode_kernels.linear(x, q, bias=bias, norm=(norm_w, 1e-6), residual=residual, blocks=blocks, scale=scale)
     torch.testing.assert_close(got, residual + F.linear(_rms_norm(x, norm_w, 1e-6), wd, bias), rtol=1e-5, atol=1e-5)
