@@ -127,9 +127,10 @@ TUNE_GRID = [*itertools.product((32, 64), (256, 512), (4,), (4, 5)),
              (16, 512, 4, 5), (32, 256, 4, 6), (128, 256, 4, 4), (64, 256, 8, 5), (128, 128, 4, 5), (32, 128, 4, 3)]
 
 
-#: Block shapes (BLOCK_N, BLOCK_K, warps, stages) of the dot-free kernel (FP8 weights at its row tile): a thread
-#: holds its K slice of all BLOCK_N rows (BLOCK_K >= 256 per warp), so few warps per program and few rows per
-#: program for many programs, against more rows per thread that re-read the input less.
+#: Block shapes (BLOCK_N, BLOCK_K, warps, stages) of the dot-free kernel (FP8 weights at its row tile). A warp's 32
+#: threads take 256 columns, 8 each: with BLOCK_K >= 256 x warps a thread holds its columns of all BLOCK_N rows (the
+#: input loaded and widened once for them), with less the warps split the rows. Few rows and warps give many
+#: programs; more rows per thread re-read the input less; stages are the loads in flight.
 GEMV_TUNE_GRID = [(2, 512, 1, 1), (2, 512, 1, 3), (4, 512, 1, 3), (2, 512, 1, 4), (4, 512, 1, 4), (8, 512, 1, 3),
                   (2, 512, 2, 3), (4, 512, 2, 3), (8, 512, 2, 3), (2, 1024, 2, 2), (4, 1024, 2, 2), (4, 256, 4, 3),
                   (8, 256, 8, 3), (16, 256, 8, 3), (4, 512, 4, 3), (8, 512, 4, 3), (16, 512, 8, 3)]

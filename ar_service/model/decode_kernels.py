@@ -32,8 +32,9 @@ from servicekit.triton_support import available, interpreting, tl, triton  # noq
 DOT_TILES = (16, 32, 64)
 #: Row tiles of the dot-free launch, taken by FP8 weights only (a decoder of one image: its conditional and
 #: unconditional rows): each weight element is widened once and multiplied into each row on the CUDA cores, so no
-#: widened tile goes through shared memory to reach a tensor core. On an H200 Preview's e4m3 linears take 13% less
-#: time this way at 2 rows than the tensor-core kernel on the bf16 weights, and 26% more at 4 rows (docs/fp8.md).
+#: widened tile goes through shared memory to reach a tensor core. On an H200 Preview's e4m3 linears take 22% less
+#: time this way at 2 rows than the tensor-core kernel on the bf16 weights (2.76 against 3.56 ms a step; an earlier
+#: form of the kernel took 26% more at 4 rows, docs/fp8.md).
 #: A bf16 weight at this tile takes the tensor-core kernel at 16 rows (unchanged arithmetic).
 GEMV_TILES = (2,)
 ROW_TILES = GEMV_TILES + DOT_TILES
@@ -58,18 +59,17 @@ def uses_gemv(weight: torch.Tensor, tile: int) -> bool:
     return tile in GEMV_TILES and weight.dtype == torch.float8_e4m3fn
 
 
-def gemv_blocks(n: int, k: int, swiglu: bool = False) -> tuple[int, int, int, int]:
-    """(BLOCK_N, BLOCK_K, warps, stages) of the dot-free kernel for an [n, k] FP8 weight: a function of the
-    weight's shape only (batch invariance). From ``bench/decode_profile.py --tune --tune-rows 2`` on an H200 with
-    Preview's shapes: one warp per program holding two rows (and their up rows), 512 columns a step, three steps
-    in flight, was the best or within 4% of the best for every weight (bench/results/h200/fp8_gemv/NOTES.md)."""
-    return 2, 512, 1, 3
+#: (BLOCK_N, BLOCK_K, warps, stages) of the dot-free kernel, for every FP8 weight (batch invariance: never a
+#: function of the rows). From ``bench/decode_profile.py --tune --tune-rows 2`` on an H200 with Preview's shapes: one
+#: warp per program holding two rows (and their up rows), 512 columns a step, three steps in flight, was the best or
+#: within 4% of the best for every weight (bench/results/h200/fp8_gemv/NOTES.md).
+GEMV_BLOCKS = (2, 512, 1, 3)
 
 
 def default_blocks(weight: torch.Tensor, tile: int, swiglu: bool = False) -> tuple[int, int, int, int]:
-    """The block shape ``linear`` launches ``weight`` with at row ``tile``: ``gemv_blocks`` or ``linear_blocks``."""
+    """The block shape ``linear`` launches ``weight`` with at row ``tile``: ``GEMV_BLOCKS`` or ``linear_blocks``."""
     n, k = weight.shape
-    return gemv_blocks(n, k, swiglu) if uses_gemv(weight, tile) else linear_blocks(n, k, swiglu)
+    return GEMV_BLOCKS if uses_gemv(weight, tile) else linear_blocks(n, k, swiglu)
 
 
 def linear_blocks(n: int, k: int, swiglu: bool = False) -> tuple[int, int, int, int]:
@@ -178,7 +178,7 @@ if available:
     @triton.jit
     def _multiply_add8(acc, w, x):
         """acc + the products of the 8 ``_eighths`` of w and x, added one after another: one multiply-add each (a
-        reduction over the axis would add them as a tree: half of them multiplies and adds apart)."""
+        sum over the axis is a tree: half of its products are multiplies, and its adds come apart)."""
         acc = acc + w[0] * x[0]
         acc = acc + w[1] * x[1]
         acc = acc + w[2] * x[2]
@@ -199,8 +199,9 @@ if available:
         on the CUDA cores. The K axis is cut into groups of 8 (8 bytes of e4m3, 16 of bf16 x: both tensors share
         one register layout); a thread holds the same groups of every weight row of its program, so each input
         element is loaded, normalised and widened once per thread and multiplied into all BLOCK_N rows from
-        registers. Each group is summed in the thread that loaded it, the groups' sums across threads once after
-        the loop. Rows past N re-read row N - 1 (never stored): no mask in the loop; K takes a mask only when
+        registers. A group's 8 products are added one after another into the thread's accumulator for that group
+        (one multiply-add each: a sum over the axis would add them as a tree), and the accumulators across threads
+        once after the loop. Rows past N re-read row N - 1 (never stored): no mask in the loop; K takes a mask only when
         BLOCK_K does not divide it (EVEN_K)."""
         tl.static_assert(BLOCK_M == 2)
         GROUP: tl.constexpr = 8
@@ -431,7 +432,7 @@ def linear(
     ``scale``: the weight is FP8 (e4m3, ``servicekit.fp8.quantize_weight``) with these float32 per-row scales [N]
     (a SwiGLU weight's gate rows, then its up rows); the product is computed in float32 and scaled per column.
     ``tile``: the rows one launch computes together (one of ``ROW_TILES``, at least M; default ``row_tile(M)``); an
-    FP8 weight at a tile of GEMV_TILES takes the dot-free kernel (``gemv_blocks``)."""
+    FP8 weight at a tile of GEMV_TILES takes the dot-free kernel (``GEMV_BLOCKS``)."""
     m, k = x.shape
     n = weight.shape[0] // 2 if swiglu else weight.shape[0]
     if m > MAX_ROWS or weight.shape[1] != k:
