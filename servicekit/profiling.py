@@ -92,7 +92,9 @@ class BusyProfiler:
             profile.stop()
             path = self._path()
             self.directory.mkdir(parents=True, exist_ok=True)
-            profile.export_chrome_trace(str(path))
+            partial = path.with_name(path.name + ".partial")  # the trace appears under its name only when whole
+            profile.export_chrome_trace(str(partial))
+            partial.replace(path)
         except Exception:
             log.exception("%s: profiler trace could not be written to %s", self.service, self.directory)
             return None

@@ -21,9 +21,9 @@ def test_one_request_writes_a_trace_per_service(tiny_model, tmp_path):
         response = stack.generate({"prompt": "a lighthouse", "size": "64x64", "num_inference_steps": 2, "seed": 9})
         assert response.status_code == 200, response.text
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline:  # each service writes its trace, then logs where
             found = {name: sorted(traces.glob(f"{name}-*.json")) for name in ("ar_service", "dit_service")}
-            if all(found.values()):
+            if all(found.values()) and all("profiler trace written to" in stack.log_text(name) for name in found):
                 break
             time.sleep(0.1)
     finally:

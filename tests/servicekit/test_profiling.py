@@ -39,6 +39,7 @@ def test_busy_period_writes_one_trace_with_its_stages(tmp_path):
     assert path.name.startswith("svc-") and path.name.endswith("-req-1_.._odd_id.json")
     assert "svc.work" in trace_event_names(path)
     assert profiler.traces() == [path] and not profiler.recording
+    assert list((tmp_path / "traces").iterdir()) == [path]  # written under another name, then renamed: nothing left
 
 
 def test_trace_cap(tmp_path):
