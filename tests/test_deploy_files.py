@@ -9,6 +9,9 @@ import compose
 import pytest
 import yaml
 
+from ar_service.settings import ARSettings
+from dit_service.settings import DiTSettings
+
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_BINARY = Path(compose.__file__).parent / "docker-compose"
 
@@ -105,6 +108,24 @@ def test_the_gpu_override_gives_each_model_service_one_gpu_chosen_by_environment
     split = resolved_gpu_config({**env, "ARDIT_DIT_GPU": "1"})["services"]
     assert gpus(split["ar"]) == ["0"] and gpus(split["dit"]) == ["1"]
     assert split["ar"]["command"] == with_defaults["ar"]["command"]  # the override only adds devices
+
+
+def test_the_gpu_override_passes_each_stage_its_quantization_from_the_environment(monkeypatch):
+    """bf16 (none) unless ARDIT_DIT_QUANTIZATION / ARDIT_AR_QUANTIZATION choose fp8, each for its own service; what
+    Compose passes is what each service's settings read."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("ARDIT_")}
+    for key in os.environ:
+        if key.startswith("ARDIT_"):
+            monkeypatch.delenv(key)
+    with_defaults = resolved_gpu_config(env)["services"]
+    mixed = resolved_gpu_config({**env, "ARDIT_DIT_QUANTIZATION": "fp8"})["services"]
+    assert "QUANTIZATION" not in json.dumps(with_defaults["gateway"])
+    for services, expected in ((with_defaults, {"dit": "none", "ar": "none"}), (mixed, {"dit": "fp8", "ar": "none"})):
+        for service, settings in (("dit", DiTSettings), ("ar", ARSettings)):
+            with monkeypatch.context() as patched:
+                for key, value in services[service]["environment"].items():
+                    patched.setenv(key, value)
+                assert settings().quantization == expected[service], (service, services[service]["environment"])
 
 
 def test_dockerfile_copies_every_package_and_runs_as_non_root():
