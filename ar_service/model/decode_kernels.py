@@ -164,6 +164,14 @@ if available:
                      mask=m_ok)
 
     @triton.jit
+    def _columns(pointers, kk, K, EVEN_K: tl.constexpr):
+        """The values at ``pointers`` (columns ``kk``, broadcast to their shape): columns past K read as zero unless
+        EVEN_K says there are none."""
+        if EVEN_K:
+            return tl.load(pointers)
+        return tl.load(pointers, mask=kk < K, other=0.0)
+
+    @triton.jit
     def _eighths(t):
         """The 8 elements of t's last axis (held by one thread) as 8 tensors of the leading axes."""
         a, b = tl.split(tl.reshape(t, t.shape[:-1] + [4, 2]))
@@ -201,8 +209,8 @@ if available:
         element is loaded, normalised and widened once per thread and multiplied into all BLOCK_N rows from
         registers. A group's 8 products are added one after another into the thread's accumulator for that group
         (one multiply-add each: a sum over the axis would add them as a tree), and the accumulators across threads
-        once after the loop. Rows past N re-read row N - 1 (never stored): no mask in the loop; K takes a mask only when
-        BLOCK_K does not divide it (EVEN_K)."""
+        once after the loop. Rows past N re-read row N - 1 (never stored): no mask in the loop; K takes a mask only
+        when BLOCK_K does not divide it (EVEN_K)."""
         tl.static_assert(BLOCK_M == 2)
         GROUP: tl.constexpr = 8
         G: tl.constexpr = BLOCK_K // GROUP
@@ -217,20 +225,11 @@ if available:
         up1 = tl.zeros([BLOCK_N, G], dtype=tl.float32)
         for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
             kk = k0 + kg
-            if EVEN_K:
-                x0 = tl.load(x_ptr + kk)
-                x1 = tl.load(x1_ptr + kk)
-                w = tl.load(w_rows + k0)
-            else:
-                k_ok = kk < K
-                x0 = tl.load(x_ptr + kk, mask=k_ok, other=0.0)
-                x1 = tl.load(x1_ptr + kk, mask=k_ok, other=0.0)
-                w = tl.load(w_rows + k0, mask=k_ok[None, :, :], other=0.0)
+            x0 = _columns(x_ptr + kk, kk, K, EVEN_K)
+            x1 = _columns(x1_ptr + kk, kk, K, EVEN_K)
+            w = _columns(w_rows + k0, kk, K, EVEN_K)
             if NORM:
-                if EVEN_K:
-                    nw = tl.load(norm_ptr + kk)
-                else:
-                    nw = tl.load(norm_ptr + kk, mask=k_ok, other=0.0)
+                nw = _columns(norm_ptr + kk, kk, K, EVEN_K)
                 x0 = x0 * nw
                 x1 = x1 * nw
             x0 = _eighths(x0.to(tl.float32)[None, :, :])
@@ -239,11 +238,7 @@ if available:
             acc0 = _multiply_add8(acc0, wf, x0)
             acc1 = _multiply_add8(acc1, wf, x1)
             if SWIGLU:
-                if EVEN_K:
-                    w_up = tl.load(up_rows + k0)
-                else:
-                    w_up = tl.load(up_rows + k0, mask=k_ok[None, :, :], other=0.0)
-                uf = _eighths(w_up.to(tl.float32))
+                uf = _eighths(_columns(up_rows + k0, kk, K, EVEN_K).to(tl.float32))
                 up0 = _multiply_add8(up0, uf, x0)
                 up1 = _multiply_add8(up1, uf, x1)
         first = tl.arange(0, BLOCK_M)[:, None] == 0
