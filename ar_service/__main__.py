@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
             max_batch_size=settings.max_batch_size,
             max_queued_requests=settings.max_queued_requests,
             prefix_cache=settings.prefix_cache,
+            prefill_memo=settings.prefill_memo,
             fast_decode=settings.fast_decode == "on" or (settings.fast_decode == "auto" and device.type == "cuda"),
             compile_decode=settings.compile_decode and device.type == "cuda",
             compile_decode_mode=settings.compile_decode_mode,

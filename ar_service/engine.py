@@ -32,11 +32,13 @@ import torch
 from ar_service import events
 from ar_service.generation import (
     ALL_GENERATED,
+    PREFILL_MEMO_ENTRIES,
     ROWS_PER_IMAGE,
     ConditionLengthError,
     DecodeChoices,
     DecodeStream,
     EagerDecoder,
+    PrefillMemo,
     SlotDecoder,
     build_prefix_cache,
     image_condition_positions,
@@ -243,6 +245,7 @@ class AREngine:
         max_batch_size: int = 8,
         max_queued_requests: int = 16,
         prefix_cache: bool = True,
+        prefill_memo: int = PREFILL_MEMO_ENTRIES,
         metrics: EngineMetrics | None = None,
         decoder: EagerDecoder | SlotDecoder | None = None,
         fast_decode: bool = False,
@@ -290,6 +293,8 @@ class AREngine:
         # the cache), computed once when the cache is on.
         self.prefix_ids = system_prefix_ids(loaded.tokenizer)
         self.prefix = build_prefix_cache(loaded.model, self.prefix_ids) if prefix_cache else None
+        # Negative prompts' conditions and guided images' unconditional rows, kept by their ids (0: none kept).
+        self.memo = PrefillMemo(prefill_memo, self.metrics.count_prefill_memo) if prefill_memo > 0 else None
         # Eager: each stream its own cache, padded batch. Fast: fixed slots and an in-place cache sized for the
         # longest request this engine accepts, CUDA graphs on CUDA; deterministic: every step runs every slot
         # (StaticDecoder's full_length) so that no shape depends on the batch-mates (batch-invariant to the bit).
@@ -683,7 +688,8 @@ class AREngine:
             if plan.negative_ids is not None and job.mode == "image":
                 with stage(self.profiler, "ar.prefill"), tracing.span("ar.prefill", job.trace, prompt="negative"):
                     job.negative, prefill_ms = negative_condition_for(
-                        self.loaded.model, plan.negative_ids, prefix_ids=self.prefix_ids, prefix=self.prefix
+                        self.loaded.model, plan.negative_ids, prefix_ids=self.prefix_ids, prefix=self.prefix,
+                        memo=self.memo,
                     )
                 job.add_timings(ar_prefill_ms=prefill_ms)
         except Exception as exc:
@@ -735,6 +741,7 @@ class AREngine:
                 condition_scope=self.choices.condition_scope,
                 image_end_id=self.choices.image_end_id,
                 on_window=None if session is None else (lambda hidden: session.send_condition("image", 0, hidden)),
+                memo=self.memo,
             )
         job.add_timings(ar_prefill_ms=stream.prefill_ms)
         if session is not None:

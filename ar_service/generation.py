@@ -14,9 +14,10 @@ that sees only the last ``UNCOND_PROMPT_TOKENS`` prompt tokens; every draw mixes
 from __future__ import annotations
 
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar, cast
 
 import torch
 
@@ -28,6 +29,7 @@ from ar_service.model.tokenizer import IMAGE_END_TOKEN
 from ar_service.prompt import Grid, allowed_token_range, build_negative_prompt, build_t2i_prompt, system_prefix
 from ar_service.sampling import Draw, RowSampling, SamplingParams, guided, sample_rows
 
+T = TypeVar("T")
 RowCallback = Callable[[int, torch.Tensor, torch.Tensor], None]
 WindowCallback = Callable[[torch.Tensor], None]
 
@@ -245,30 +247,88 @@ def negative_prompt_ids(tokenizer, negative_prompt: str) -> list[int]:
     return list(tokenizer(build_negative_prompt(negative_prompt), add_special_tokens=False)["input_ids"])
 
 
+#: Repeated prefills ``PrefillMemo`` keeps by default (ar_service's ``prefill_memo``).
+PREFILL_MEMO_ENTRIES = 16
+
+
+class PrefillMemo:
+    """Prefills that repeat across requests, kept by their token ids: a negative prompt's condition states (most
+    requests use the model's default negative prompt) and an AR-guided image's unconditional row (the same
+    ``UNCOND_PROMPT_TOKENS`` tokens for every image of one size).
+
+    Why: each is one eager forward, bound by the host launching its kernels (25-35 ms for Preview on an H200 in bf16,
+    55-70 ms in FP8: bench.prefill_parts), and the AR's decode batch waits while a newcomer prefills. An eager
+    forward of the same ids computes the same bits, so a hit returns exactly what the prefill would have. At most
+    ``entries`` are kept, the least recently used going first; what it returns is shared and must be read only.
+    """
+
+    def __init__(self, entries: int = PREFILL_MEMO_ENTRIES,
+                 on_lookup: Callable[[str, bool], None] | None = None) -> None:
+        """``on_lookup(kind, hit)``: told of every lookup (the service counts them in its metrics)."""
+        if entries < 1:
+            raise ValueError(f"entries must be >= 1; got {entries}")
+        self.entries, self.on_lookup = entries, on_lookup
+        self.hits = self.misses = 0
+        self._kept: OrderedDict[Hashable, object] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def get(self, kind: str, ids: Sequence[int], compute: Callable[[], T]) -> T:
+        """The value kept for (``kind``, ``ids``), else ``compute()``'s, then kept."""
+        key = (kind, tuple(ids))
+        hit = key in self._kept
+        if self.on_lookup is not None:
+            self.on_lookup(kind, hit)
+        if hit:
+            self._kept.move_to_end(key)
+            self.hits += 1
+            return cast(T, self._kept[key])
+        self.misses += 1
+        value = self._kept[key] = compute()
+        while len(self._kept) > self.entries:
+            self._kept.popitem(last=False)
+        return value
+
+
 @torch.inference_mode()
 def negative_condition_for(
     model: MammothModa2AR,
     negative_ids: list[int],
     prefix_ids: list[int] | None = None,
     prefix: PrefixCache | None = None,
+    memo: PrefillMemo | None = None,
 ) -> tuple[torch.Tensor, float]:
     """The unconditional branch of the DiT's guidance as released (qwen25vl ``t2i_utils.py`` ``encode_full_prompts``
     lines 141-147): the condition states of every position of the negative envelope (``build_negative_prompt``),
-    none masked. Returns ([L, H] on the CPU, prefill ms)."""
+    none masked. Returns ([L, H] on the CPU, read only when ``memo`` keeps it; prefill ms)."""
     start = time.perf_counter()
-    _, hidden, _ = _prefill(model, negative_ids, None, prefix_ids, prefix)
-    return hidden.cpu(), (time.perf_counter() - start) * 1000
+
+    def prefill() -> torch.Tensor:
+        return _prefill(model, negative_ids, None, prefix_ids, prefix)[1].cpu()
+
+    condition = prefill() if memo is None else memo.get("negative", negative_ids, prefill)
+    return condition, (time.perf_counter() - start) * 1000
 
 
 class UnconditionalRow:
     """The second decode row of an AR-guided image: the last ``UNCOND_PROMPT_TOKENS`` prompt tokens as a sequence of
     their own (positions 0..9), then every token the image draws, one position further each (see the constant)."""
 
-    def __init__(self, model: MammothModa2AR, prompt_ids: list[int], grid: Grid, reserve: bool) -> None:
+    def __init__(self, model: MammothModa2AR, prompt_ids: list[int], grid: Grid, reserve: bool,
+                 memo: PrefillMemo | None = None) -> None:
+        """``reserve``: as ``DecodeStream`` takes it. ``memo``: where a row of the same tokens may already be."""
         ids = prompt_ids[-UNCOND_PROMPT_TOKENS:]
         self.prompt_len = len(ids)
-        capacity = len(ids) + grid.decode_tokens if reserve else len(ids)
-        self.logits, _, self.cache = _prefill(model, ids, KVCache(capacity=capacity))
+
+        def prefill() -> tuple[torch.Tensor, KVCache]:
+            logits, _, cache = _prefill(model, ids, KVCache(capacity=len(ids)))
+            return logits, cache
+
+        self.logits, cache = prefill() if memo is None else memo.get("unconditional", ids, prefill)
+        # The eager decoder grows this cache in place: its own copy, sized for the grid. A slot decoder only copies
+        # it into a slot (SlotDecoder.admit), so a kept one is handed over as it is.
+        self.cache: KVCache | None = cache.copy(capacity=len(ids) + grid.decode_tokens) if reserve else cache
         self.slot: int | None = None  # a slot decoder's row, while the image holds one
 
 
@@ -301,10 +361,12 @@ class DecodeStream:
         condition_scope: str = ALL_GENERATED,
         image_end_id: int | None = None,
         on_window: WindowCallback | None = None,
+        memo: PrefillMemo | None = None,
     ) -> None:
         """``reserve``: size the prefill cache for the whole grid (the eager decoder grows it in place);
         a slot decoder copies the prompt's K/V into its own cache, so it needs only the prompt. ``guidance``: the
-        AR guidance scale (<= 1: off). ``image_end_id``: ``<|image end|>``, needed by the ``answer_window`` scope."""
+        AR guidance scale (<= 1: off). ``image_end_id``: ``<|image end|>``, needed by the ``answer_window`` scope.
+        ``memo``: keeps the unconditional row's prefill for the next image of the same size."""
         total = len(prompt_ids) + grid.decode_tokens
         if total > model.config.max_position_embeddings:
             raise ValueError(
@@ -332,7 +394,7 @@ class DecodeStream:
             zip(prompt_ids[-ANSWER_WINDOW_POSITIONS:], hidden[-ANSWER_WINDOW_POSITIONS:], strict=True)
             if self.feeds_last else (), maxlen=ANSWER_WINDOW_POSITIONS,
         )
-        self.uncond = UnconditionalRow(model, prompt_ids, grid, reserve) if self.guidance > 1 else None
+        self.uncond = UnconditionalRow(model, prompt_ids, grid, reserve, memo) if self.guidance > 1 else None
         lo, hi = self.draw[0]
         if self.uncond is None:
             first = sample_rows(logits[:, lo : hi + 1], lo, RowSampling.build([self.draw], logits.device))
@@ -489,6 +551,7 @@ class SlotDecoder:
         stream.slot = self.static.admit(stream.cache)
         stream.cache = None
         if stream.uncond is not None:
+            assert stream.uncond.cache is not None, "a stream is admitted once, after its prefill"
             try:
                 stream.uncond.slot = self.static.admit(stream.uncond.cache)
             except Exception:
@@ -585,10 +648,11 @@ def generate_grid(
     guidance: float = 1.0,
     condition_scope: str = ALL_GENERATED,
     image_end_id: int | None = None,
+    memo: PrefillMemo | None = None,
 ) -> GridResult:
     """Decode the grid of one image alone (the engine's batched loop, batch of one); `on_prefill(text_condition)`
-    fires before decoding. ``decoder`` defaults to an ``EagerDecoder(pad_to)``. ``guidance``, ``condition_scope`` and
-    ``image_end_id`` as ``DecodeStream`` takes them."""
+    fires before decoding. ``decoder`` defaults to an ``EagerDecoder(pad_to)``. ``guidance``, ``condition_scope``,
+    ``image_end_id`` and ``memo`` as ``DecodeStream`` takes them."""
     decoder = decoder or EagerDecoder(model, pad_to)
     rows: list[torch.Tensor] = []
 
@@ -598,7 +662,7 @@ def generate_grid(
             on_row(row, hidden, ids)
 
     stream = DecodeStream(model, prompt_ids, grid, t2i, sampling, seed, keep_row, prefix_ids, prefix, decoder.reserve,
-                          guidance=guidance, condition_scope=condition_scope, image_end_id=image_end_id)
+                          guidance=guidance, condition_scope=condition_scope, image_end_id=image_end_id, memo=memo)
     if on_prefill is not None:
         on_prefill(stream.text_condition)
     decoder.admit(stream)

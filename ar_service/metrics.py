@@ -1,4 +1,5 @@
-"""ar_service's Prometheus metrics: queue depth, running batch, batch sizes, request counters, decode step time.
+"""ar_service's Prometheus metrics: queue depth, running batch, batch sizes, request counters, decode step time,
+repeated prefills kept.
 
 One registry per engine (tests build several engines in one process); ``__main__`` serves it over HTTP
 with ``prometheus_client.start_http_server`` when ``metrics_port`` > 0.
@@ -31,3 +32,12 @@ class EngineMetrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
             registry=r,
         )
+        self.prefill_memo = Counter(
+            "ardit_ar_prefill_memo_lookups",
+            "lookups of a repeated prefill kept by its token ids (kind: negative or unconditional; result: hit or miss)",
+            ["kind", "result"],
+            registry=r,
+        )
+
+    def count_prefill_memo(self, kind: str, hit: bool) -> None:
+        self.prefill_memo.labels(kind, "hit" if hit else "miss").inc()

@@ -83,6 +83,11 @@ class ARSettings(ModelServiceSettings):
         "one (same results; overlaps host and device work)",
     )
     prefix_cache: bool = Field(True, description="prefill the shared system-prompt prefix once and reuse its K/V")
+    prefill_memo: int = Field(
+        16, ge=0,  # generation.PREFILL_MEMO_ENTRIES (not imported: settings load without torch)
+        description="keep this many repeated prefills by their token ids (negative prompts' conditions, AR-guided "
+        "images' unconditional rows), so that a request using one already seen skips its forward (0 = off)",
+    )
     metrics_port: int = Field(
         0, ge=0, le=65535,
         description="serve Prometheus metrics on this port (0 = off; e.g. 9451); a port in use refuses the start, like the gRPC port",

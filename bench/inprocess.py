@@ -25,7 +25,7 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -33,6 +33,7 @@ import torch
 from ar_service.generation import (
     ROWS_PER_IMAGE,
     DecodeChoices,
+    PrefillMemo,
     build_prefix_cache,
     generate_grid,
     negative_condition_for,
@@ -70,6 +71,8 @@ class InProcessPipeline:
     prefix: object = None  # generation.PrefixCache: the system prefix, prefilled once (ar_service's default)
     decoder: object = None  # None: generate_grid's eager decoder; else a slot decoder as ar_service's fast_decode
     decoder_name: str = "eager"
+    #: Repeated prefills kept by their ids, as ar_service's default ``prefill_memo``.
+    memo: PrefillMemo = field(default_factory=PrefillMemo)
 
     @classmethod
     def load(cls, model_dir: Path, device: str = "auto", dtype: str = "auto", random_weights: bool = False):
@@ -143,11 +146,13 @@ class InProcessPipeline:
         negative_ms = 0.0
         if choices.default_negative_prompt.strip() and knobs["text_guidance_scale"] > 1.0:
             uncond, negative_ms = negative_condition_for(
-                model, negative_prompt_ids(self.ar.tokenizer, choices.default_negative_prompt), self.prefix_ids, self.prefix
+                model, negative_prompt_ids(self.ar.tokenizer, choices.default_negative_prompt), self.prefix_ids, self.prefix,
+                self.memo,
             )
         result = generate_grid(model, prompt_ids, grid, choices.t2i, sampling, seed,
                                prefix_ids=self.prefix_ids, prefix=self.prefix, guidance=knobs["ar_cfg_scale"],
-                               condition_scope=choices.condition_scope, image_end_id=choices.image_end_id, **decoder)
+                               condition_scope=choices.condition_scope, image_end_id=choices.image_end_id,
+                               memo=self.memo, **decoder)
         _sync(self.device)
         t_ar = time.perf_counter()
         entry = self.dit.start_entry(
