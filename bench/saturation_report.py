@@ -24,6 +24,14 @@ BASELINE_512_C8_IMAGES_PER_S = 0.852
 #: The throughput targets: (size, steps, clients, precision) -> least steady images/s.
 TARGETS = {(512, 20, 16, "bf16"): 1.5, (512, 20, 16, "fp8"): 2.5}
 NOT_MEASURED = "not measured"
+#: A window in which no request ended (shorter than one latency, before bench.saturation's MIN_WINDOW_LATENCIES):
+#: it measured no throughput, not a throughput of zero.
+NONE_ENDED = "none ended in the window"
+
+
+def _throughput(point: dict) -> float | None:
+    """The point's window count in images/s; None when no request ended inside the window."""
+    return None if point.get("completed") == 0 and point.get("failed") == 0 else point.get("throughput_images_per_s")
 
 
 def _key(point: dict, precision: str) -> tuple[int, int, int, str]:
@@ -60,9 +68,9 @@ def target_rows(rows: dict) -> list[list[str]]:
         label = f"{_point_name(size, steps, clients)} steady throughput, {precision} >= {least} img/s"
         if precision == "bf16":
             label += f" ({BASELINE_512_C8_IMAGES_PER_S} img/s at c8 before)"
-        value = None if point is None else point.get("throughput_images_per_s")
+        value = None if point is None else _throughput(point)
         if value is None:
-            table.append([label, NOT_MEASURED, NOT_MEASURED])
+            table.append([label, NOT_MEASURED if point is None else NONE_ENDED, NOT_MEASURED])
             continue
         p95 = (point.get("latency_s") or {}).get("p95")
         measured = f"{value:.3f} img/s (p50 {_fmt((point.get('latency_s') or {}).get('p50'), 2)} s, p95 {_fmt(p95, 2)} s)"
@@ -79,8 +87,10 @@ def points_table(rows: dict) -> list[str]:
             table.append([precision, name, NOT_MEASURED, "-", "-", "-", "-", "-", "-", "-", "-"])
             continue
         lat = point.get("latency_s") or {}
-        table.append([precision, name, point.get("throughput_images_per_s"), littles_law(point), point["completed"],
-                      point["window_s"], lat.get("mean"), lat.get("p50"), lat.get("p95"), lat.get("p99"), point["failed"]])
+        images_per_s = _throughput(point)
+        table.append([precision, name, NONE_ENDED if images_per_s is None else images_per_s, littles_law(point),
+                      point["completed"], point["window_s"], lat.get("mean"), lat.get("p50"), lat.get("p95"),
+                      lat.get("p99"), point["failed"]])
     return _table(["precision", "point", "images/s", "clients / mean s", "images in window", "window s", "mean s",
                    "p50 s", "p95 s", "p99 s", "failed"], table)
 

@@ -3,11 +3,14 @@ requests cancelled, engine histograms read, the report's targets. Checks what it
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import pytest
 
 from bench import saturation, saturation_report
+from bench.harness import Outcome
 
 SIZE, STEPS, CLIENTS = 64, 2, 3
 
@@ -94,3 +97,33 @@ def test_pass_through_flags_may_start_with_a_dash():
     assert saturation.precision_label(["--max-batch-size=4"], "bfloat16") == "bf16"
     with pytest.raises(SystemExit):
         saturation.build_parser().parse_args(["--out", "x", "--points", "512:20"])  # CLIENTS missing
+
+
+def test_a_window_capped_below_one_latency_still_sees_clients_in_step_end_a_request():
+    """Clients that start together stay in step: a window shorter than one latency can close before any of them
+    answers. --max-window-s gives way to MIN_WINDOW_LATENCIES warm-up mean latencies."""
+    latency = 0.3
+
+    async def send(seed: int) -> Outcome:
+        start = time.perf_counter()
+        await asyncio.sleep(latency)
+        return Outcome(seed, start, time.perf_counter(), images=1)
+
+    outcomes, times = asyncio.run(saturation.closed_loop(
+        send, saturation.Point(64, 2, 4), 0, ramp_s=0.0, warmup_s=0.0, max_warmup_s=5.0, window_s=0.05,
+        window_latencies=0.0, max_window_s=0.1))
+    assert times.measured_to - times.measured_from >= saturation.MIN_WINDOW_LATENCIES * latency
+    inside = [o for o in outcomes if times.measured_from <= o.end <= times.measured_to]
+    assert len(inside) >= 4  # every client ended a request inside the window
+
+
+def test_a_window_where_no_request_ended_measured_no_throughput():
+    result = _result("fp8", 0.0)
+    result["points"][0].update(completed=0, latency_s=None)
+    text = saturation_report.render([result])
+    assert "| fp8 | 512x512/20, c16 | none ended in the window | - | 0 |" in text
+    target = next(line for line in text.splitlines() if "fp8 >= 2.5" in line)
+    assert target.endswith("| none ended in the window | not measured |")
+    failed = _result("fp8", 0.0)
+    failed["points"][0].update(completed=0, failed=5, latency_s=None)  # every request failed: a measured zero
+    assert "| fp8 | 512x512/20, c16 | 0.000 |" in saturation_report.render([failed])
