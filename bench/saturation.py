@@ -225,8 +225,8 @@ async def closed_loop(send, point: Point, first_seed: int, *, ramp_s: float, war
         everyone.cancel()
         await asyncio.sleep(max(0.0, started + warmup_s - time.perf_counter()))
         warm = [o.latency_s for o in outcomes if o.error is None]
-        window = max(window_s, window_latencies * (sum(warm) / len(warm) if warm else 0.0))
-        window = max(min(window, max_window_s), MIN_WINDOW_LATENCIES * (sum(warm) / len(warm) if warm else 0.0))
+        latency = sum(warm) / len(warm) if warm else 0.0
+        window = max(min(max(window_s, window_latencies * latency), max_window_s), MIN_WINDOW_LATENCIES * latency)
         measured_from = time.perf_counter()
         if on_window is not None:
             await on_window(measured_from)
