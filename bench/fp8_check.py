@@ -30,7 +30,6 @@ import argparse
 import copy
 import gc
 import math
-import statistics
 import sys
 import tempfile
 import time
@@ -43,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.report import emit
+from bench.timing import median_ms
 
 #: The FP8 targets (measured by this benchmark: the step times, not the end-to-end latency).
 AR_MS_PER_TOKEN_TARGET = 2.1
@@ -61,11 +61,6 @@ def psnr(a, b) -> float:
     """PSNR in dB of two uint8 images (inf when equal)."""
     mse = float(((torch.as_tensor(a).double() - torch.as_tensor(b).double()) ** 2).mean())
     return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _part(report: dict, name: str, fn: Callable[[], dict]) -> None:
@@ -135,17 +130,10 @@ class ARBench:
 
     @torch.no_grad()
     def _prefill(self) -> tuple[torch.Tensor, torch.Tensor, float]:
-        model = self.loaded.model
-        model(self.prompt, num_logits=1)  # first-call setup
-        _sync(self.device)
-        times = []
-        for _ in range(PREFILL_REPEATS):  # the median: an eager prefill's launches make single calls noisy
-            started = time.perf_counter()
-            logits, hidden = model(self.prompt, num_logits=1)
-            _sync(self.device)
-            times.append((time.perf_counter() - started) * 1e3)
+        ms, (logits, hidden) = median_ms(lambda: self.loaded.model(self.prompt, num_logits=1), self.device,
+                                         PREFILL_REPEATS)
         start = self.loaded.config.gen_vocab_start_index
-        return hidden, logits[:, -1, start:], statistics.median(times)
+        return hidden, logits[:, -1, start:], ms
 
     def prefill_bf16(self) -> dict:
         self.bf16_prefill = self._prefill()

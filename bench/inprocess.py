@@ -44,6 +44,7 @@ from ar_service.generation import (
 from ar_service.model.loading import LoadedAR, load_ar
 from ar_service.prompt import grid_for_size
 from ar_service.sampling import SamplingParams
+from bench.timing import sync
 from dit_service.imaging import encode_image
 from dit_service.model.pipeline import DiTPipeline
 from protos.knobs import FAMILIES
@@ -53,11 +54,6 @@ from servicekit.devices import pick_device, pick_dtype
 DECODERS = ("auto", "fast", "eager")
 STAGES = ("ar_prefill_ms", "ar_decode_ms", "condition_transfer_ms", "dit_queue_ms", "denoise_ms", "vae_decode_ms",
           "encode_ms", "total_ms")
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @dataclass
@@ -85,7 +81,7 @@ class InProcessPipeline:
         from dit_service.settings import DiTSettings
 
         dit.use_cuda_graphs(DiTSettings.model_fields["cuda_graphs"].default)  # as dit_service by default
-        _sync(torch_device)
+        sync(torch_device)
         prefix_ids = system_prefix_ids(ar.tokenizer)
         prefix = build_prefix_cache(ar.model, prefix_ids)
         return cls(checkpoint, ar, dit, torch_device, time.perf_counter() - started, prefix_ids, prefix)
@@ -153,18 +149,18 @@ class InProcessPipeline:
                                prefix_ids=self.prefix_ids, prefix=self.prefix, guidance=knobs["ar_cfg_scale"],
                                condition_scope=choices.condition_scope, image_end_id=choices.image_end_id,
                                memo=self.memo, **decoder)
-        _sync(self.device)
+        sync(self.device)
         t_ar = time.perf_counter()
         entry = self.dit.start_entry(
             text_condition=result.text_condition, image_condition=result.image_condition, uncond_condition=uncond,
             width=size, height=size, seed=seed, steps=knobs["num_inference_steps"],
             guidance=knobs["text_guidance_scale"], cfg_range=tuple(knobs["cfg_range"]),
         )
-        _sync(self.device)
+        sync(self.device)
         t_condition = time.perf_counter()
         while not entry.done:
             self.dit.step([entry])
-        _sync(self.device)
+        sync(self.device)
         t_denoise = time.perf_counter()
         pixels = self.dit.decode(entry.latents)
         t_vae = time.perf_counter()

@@ -15,35 +15,22 @@ without a memo and with a warm one. ``per_image_ms``: the negative condition plu
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from bench.report import emit
+from bench.timing import median_ms
 
 PROMPT = "A lighthouse on a rocky coast at dusk, waves breaking, warm light in its window, oil painting, highly detailed"
 SIZE = 512
 
 
 def _median_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        sync()
-        times.append((time.perf_counter() - started) * 1e3)
-    return round(statistics.median(times), 3)
+    return round(median_ms(fn, device, repeats)[0], 3)
 
 
 @torch.inference_mode()
