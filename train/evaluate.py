@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import base64
 import io
+import json
 import random
 import sys
 import time
@@ -60,14 +61,26 @@ def table(rates: dict, count: int) -> str:
 
 
 def add_knob_options(p: argparse.ArgumentParser) -> None:
-    """``--steps`` and ``--guidance``, read back by ``knobs_from``."""
+    """``--steps``, ``--guidance`` and any ``--knob NAME=VALUE``, read back by ``knobs_from``."""
     p.add_argument("--steps", type=int, help="num_inference_steps (default: the service's)")
     p.add_argument("--guidance", type=float, help="text_guidance_scale (default: the service's)")
+    p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
+                   help="any other request knob, VALUE read as JSON when it parses (e.g. --knob top_k=64); repeatable")
+
+
+def _knob(text: str) -> tuple[str, object]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise SystemExit(f"--knob takes NAME=VALUE; got {text!r}")
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, value
 
 
 def knobs_from(args: argparse.Namespace) -> dict:
-    """The request knobs that ``--steps`` and ``--guidance`` set (none: the service's defaults)."""
-    knobs = {}
+    """The request knobs that ``--steps``, ``--guidance`` and ``--knob`` set (none: the service's defaults)."""
+    knobs = dict(_knob(text) for text in args.knob)
     if args.steps is not None:
         knobs["num_inference_steps"] = args.steps
     if args.guidance is not None:
