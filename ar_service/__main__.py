@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         dit_tls = ClientTLS(
             settings.dit_tls_ca_file, settings.dit_tls_cert_file, settings.dit_tls_key_file, settings.dit_tls_server_name
         )
-        renderer = GrpcRenderer(settings.dit_address, tls=dit_tls)
+        renderer = GrpcRenderer(settings.dit_address, tls=dit_tls, model=checkpoint.identity)
         engine = AREngine(
             loaded,
             checkpoint,

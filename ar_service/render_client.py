@@ -12,7 +12,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc
@@ -24,6 +24,7 @@ from protos.formats import format_enum, format_name
 from protos.status import RequestRejected, effective_code, param_of, retry_after_of
 from protos.values import knobs_to_proto
 from servicekit import tracing
+from servicekit.checkpoint import ModelIdentity
 from servicekit.tls import ClientTLS, open_channel
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ class RenderHeader:
     image_positions: int
     negative_positions: int
     partial_images: int = 0
+    model: ModelIdentity | None = None  # the AR's model, for the DiT to check the condition is of its own
 
     def to_proto(self) -> dit_pb2.RenderHeader:
         header = dit_pb2.RenderHeader(
@@ -68,6 +70,8 @@ class RenderHeader:
         )
         if self.output_compression is not None:
             header.output_compression = self.output_compression
+        if self.model is not None:
+            header.model.CopyFrom(common_pb2.ModelIdentity(name=self.model.name, fingerprint=self.model.fingerprint))
         return header
 
 
@@ -96,11 +100,13 @@ class RenderSession:
         on_event: Callable[[object], None],
         timeout: float | None,
         attempts: int = channels.RETRY_ATTEMPTS,
+        on_fault: Callable[[str], None] | None = None,
     ):
         self.index = header.index
         self.request_id = header.request_id
         self._stub = stub
         self._on_event = on_event
+        self._on_fault = on_fault  # told of a refusal no retry can mend (another model), and "" on completion
         self._deadline = None if timeout is None else time.monotonic() + timeout
         self._max_attempts = attempts
         self.attempts = 0  # calls opened so far
@@ -208,7 +214,10 @@ class RenderSession:
                 message = f"dit_service is unavailable: {exc.details()}"
             else:
                 message = f"dit_service: {exc.details()}"
-            rejected = RequestRejected(message, param_of(exc), code, retry_after_of(exc))
+            param = param_of(exc)
+            if code == grpc.StatusCode.FAILED_PRECONDITION and param == "model" and self._on_fault is not None:
+                self._on_fault(message)
+            rejected = RequestRejected(message, param, code, retry_after_of(exc))
             self._on_event(events.RenderFailed(self.index, rejected))
         finally:
             tracing.end_span(self._span, error, attempts=self.attempts)
@@ -232,22 +241,45 @@ class RenderSession:
             )
         if kind == "completed":
             self._completed = True
+            if self._on_fault is not None:
+                self._on_fault("")
             timings = {f.name: getattr(event.completed.timings, f.name) for f in common_pb2.StageTimings.DESCRIPTOR.fields}
             return events.RenderDone(self.index, timings)
         return None
 
 
 class GrpcRenderer:
-    """Opens Render streams to dit_service over one shared channel."""
+    """Opens Render streams to dit_service over one shared channel.
 
-    def __init__(self, address: str, timeout: float | None = None, tls: ClientTLS | None = None):
+    ``model``: the AR's model identity, stamped on every header that does not carry one, so that a DiT serving
+    another model refuses the render (FAILED_PRECONDITION, param ``model``) before any condition is rendered. The
+    last such refusal is kept in ``fault`` (reported by GetStatus and the gateway's /health) until a render completes.
+    """
+
+    def __init__(
+        self, address: str, timeout: float | None = None, tls: ClientTLS | None = None, model: ModelIdentity | None = None
+    ):
         self.address = address
         self.timeout = timeout
+        self.model = model
+        self.fault = ""
         self._channel = tracing.intercept_channel(open_channel(address, tls, channels.channel_options(retries=False)))
         self._stub = dit_pb2_grpc.RendererStub(self._channel)
 
     def open(self, header: RenderHeader, on_event: Callable[[object], None], timeout: float | None = None) -> RenderSession:
-        return RenderSession(self._stub, header, on_event, timeout if timeout is not None else self.timeout)
+        if header.model is None and self.model is not None:
+            header = replace(header, model=self.model)
+        return RenderSession(
+            self._stub, header, on_event, timeout if timeout is not None else self.timeout, on_fault=self._set_fault
+        )
+
+    def _set_fault(self, fault: str) -> None:
+        if fault != self.fault:
+            if fault:
+                log.error("renders fail: %s", fault)
+            else:
+                log.info("a render completed: the earlier fault (%s) is over", self.fault)
+            self.fault = fault
 
     def close(self) -> None:
         self._channel.close()

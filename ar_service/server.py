@@ -174,8 +174,10 @@ class ImageGeneratorServicer(ar_pb2_grpc.ImageGeneratorServicer):
         return ar_pb2.ListModelsResponse(models=[ar_pb2.ModelCard(knobs=knobs, **card)])
 
     def GetStatus(self, request: common_pb2.GetStatusRequest, context: grpc.ServicerContext):
-        status = self._engine(context).status()
-        return common_pb2.EngineStatus(**vars(status))
+        engine = self._engine(context)
+        status = common_pb2.EngineStatus(**vars(engine.status()))
+        status.render_fault = getattr(engine.renderer, "fault", "")  # a renderer that keeps none has none to tell
+        return status
 
     # -- plumbing ---------------------------------------------------------------------------
 

@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
             batch_window_s=settings.batch_window_s,
             profiler=make_profiler("dit_service", settings.profile_dir, device, settings.profile_max_traces),
             knob_defaults=checkpoint.serving.knob_defaults,
+            identity=checkpoint.identity,
         )
     except BaseException:
         abort_start("dit_service", running.server)

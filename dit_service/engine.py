@@ -32,6 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -42,6 +43,7 @@ from protos.knobs import KnobTable
 from protos.previews import MAX_PARTIAL_IMAGES, preview_steps
 from protos.status import RequestRejected
 from servicekit import tracing
+from servicekit.checkpoint import ModelIdentity
 from servicekit.image_events import FinishedImage, PreviewImage, Progress
 from servicekit.profiling import BusyProfiler, stage
 
@@ -266,15 +268,18 @@ class DiTEngine:
         batch_window_s: float = 0.0,
         profiler: BusyProfiler | None = None,
         knob_defaults: Mapping[str, Any] | None = None,
+        identity: ModelIdentity | None = None,
     ):
         """``batch_window_s``: how long a render about to start a new batch waits for more renders of its size while
         others are admitted (0: never waits; see the module docstring). ``knob_defaults``: the checkpoint's
-        (``ardit_serving.json``), over the family's, for the DiT knobs a Render header leaves out."""
+        (``ardit_serving.json``), over the family's, for the DiT knobs a Render header leaves out. ``identity``: the
+        served checkpoint's; a header that names another model is refused (None: nothing is checked)."""
         if max_batch_size < 1 or max_queued_renders < 1:
             raise ValueError("max_batch_size and max_queued_renders must be at least 1")
         if batch_window_s < 0:
             raise ValueError(f"batch_window_s must be >= 0; got {batch_window_s}")
         self.pipeline = pipeline
+        self.identity = identity
         self.knob_table = knob_table
         self.knob_defaults = knob_table.checkpoint_defaults(knob_defaults or {}, "dit")
         self.max_condition_positions = max_condition_positions
@@ -322,8 +327,17 @@ class DiTEngine:
         negative_positions: int,
         index_offset: int = 0,
         partial_images: int = 0,
+        model: ModelIdentity | None = None,
     ) -> RenderPlan:
         """Checks a render header; raises RequestRejected naming the field at fault."""
+        if model is not None and self.identity is not None and model != self.identity:
+            # Before anything else: a condition of another model is never rendered, whatever else the header says.
+            raise RequestRejected(
+                f"model mismatch: this dit_service serves model {self.identity}, but the condition comes from an AR "
+                f"serving model {model}; serve the same checkpoint on both stages",
+                param="model",
+                code=grpc.StatusCode.FAILED_PRECONDITION,
+            )
         multiple = self.pipeline.size_multiple
         for name, side in (("width", width), ("height", height)):
             if side <= 0 or side % multiple:

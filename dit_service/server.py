@@ -31,6 +31,7 @@ from protos.status import RequestRejected, abort, abort_rejected
 from protos.timings import stage_timings
 from protos.values import knobs_from_proto, knobs_to_proto
 from servicekit import tracing
+from servicekit.checkpoint import ModelIdentity
 from servicekit.grpc_guard import MalformedMessage
 from servicekit.grpc_server import RunningServer, build_grpc_server
 from servicekit.tls import ServerTLS
@@ -61,6 +62,7 @@ def _plan_from_header(engine: DiTEngine, header: dit_pb2.RenderHeader) -> Render
         negative_positions=header.negative_positions,
         index_offset=header.index_offset,
         partial_images=header.partial_images,
+        model=ModelIdentity(header.model.name, header.model.fingerprint) if header.HasField("model") else None,
     )
 
 

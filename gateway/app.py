@@ -204,6 +204,15 @@ async def _check(channel: grpc.aio.Channel) -> str:
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
 
+async def _render_fault(generator: ar_pb2_grpc.ImageGeneratorStub) -> str:
+    """Why the AR's renders fail, when it knows (e.g. its DiT serves another model); "" when it knows of nothing."""
+    try:
+        status = await generator.GetStatus(common_pb2.GetStatusRequest(), timeout=HEALTH_TIMEOUT_S)
+    except grpc.aio.AioRpcError:
+        return ""  # the health check already says what it can
+    return status.render_fault
+
+
 async def _health_status(channel: grpc.aio.Channel, probe: grpc.aio.Channel) -> str:
     """SERVING when any replica serves (the health-checked channel reaches only those); otherwise what a replica
     says through a channel that also reaches NOT_SERVING ones (e.g. NOT_SERVING while loading), or UNREACHABLE."""
@@ -332,7 +341,12 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
             _health_status(request.app.state.ar_channel, ar_probe),
             _health_status(request.app.state.dit_channel, dit_probe),
         )
-        ok = ar == dit == "SERVING"
-        return JSONResponse({"status": "ok" if ok else "unavailable", "ar": ar, "dit": dit}, status_code=200 if ok else 503)
+        body: dict[str, str] = {"ar": ar, "dit": dit}
+        if ar == "SERVING":
+            fault = await _render_fault(request.app.state.generator)
+            if fault:
+                body["fault"] = fault
+        ok = ar == dit == "SERVING" and "fault" not in body
+        return JSONResponse({"status": "ok" if ok else "unavailable", **body}, status_code=200 if ok else 503)
 
     return app

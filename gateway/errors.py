@@ -135,6 +135,11 @@ def from_rpc_error(error: grpc.aio.AioRpcError | grpc.RpcError, ar_address: str 
         else:
             where = f" at {ar_address}" if ar_address else ""
             message = f"ar_service{where} is unavailable: {details}"
+    elif code == grpc.StatusCode.FAILED_PRECONDITION and param_of(error) == "model":
+        # The AR and the DiT serve different models (the DiT's refusal names both): no request can succeed until
+        # the deployment is fixed, so this is the service's fault (503), not the client's (grpc-gateway's 400).
+        status = 503
+        message = details
     elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
         message = f"the request did not finish in time: {details}"
     elif code == grpc.StatusCode.RESOURCE_EXHAUSTED:
@@ -144,7 +149,8 @@ def from_rpc_error(error: grpc.aio.AioRpcError | grpc.RpcError, ar_address: str 
         message = f"{code.name.lower()}: {details}"
     else:
         message = details
-    return APIError(status, message, param_of(error), code.name.lower(), headers)
+    return APIError(status, message, param_of(error), "model_mismatch" if status == 503 and code ==
+                    grpc.StatusCode.FAILED_PRECONDITION else code.name.lower(), headers)
 
 
 # -- handlers -------------------------------------------------------------------------------

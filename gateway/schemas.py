@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.protocol import ImagesResponse
 
@@ -67,6 +67,8 @@ class HealthResponse(BaseModel):
     status: Literal["ok", "unavailable"]
     ar: str
     dit: str
+    fault: str | None = Field(None, description="why renders fail though both serve, when the AR knows (e.g. its DiT "
+                              "serves another model); absent otherwise")
 
 
 def _error(description: str) -> dict[str, Any]:

@@ -102,12 +102,20 @@ class Progress(_message.Message):
     total: int
     def __init__(self, index: _Optional[int] = ..., stage: _Optional[str] = ..., step: _Optional[int] = ..., total: _Optional[int] = ...) -> None: ...
 
+class ModelIdentity(_message.Message):
+    __slots__ = ("name", "fingerprint")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    fingerprint: str
+    def __init__(self, name: _Optional[str] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+
 class GetStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class EngineStatus(_message.Message):
-    __slots__ = ("queued", "running", "queue_capacity", "max_batch_size", "admitted_total", "rejected_total", "cancelled_total", "completed_total", "largest_batch", "batched_steps_total")
+    __slots__ = ("queued", "running", "queue_capacity", "max_batch_size", "admitted_total", "rejected_total", "cancelled_total", "completed_total", "largest_batch", "batched_steps_total", "render_fault")
     QUEUED_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     QUEUE_CAPACITY_FIELD_NUMBER: _ClassVar[int]
@@ -118,6 +126,7 @@ class EngineStatus(_message.Message):
     COMPLETED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     LARGEST_BATCH_FIELD_NUMBER: _ClassVar[int]
     BATCHED_STEPS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    RENDER_FAULT_FIELD_NUMBER: _ClassVar[int]
     queued: int
     running: int
     queue_capacity: int
@@ -128,4 +137,5 @@ class EngineStatus(_message.Message):
     completed_total: int
     largest_batch: int
     batched_steps_total: int
-    def __init__(self, queued: _Optional[int] = ..., running: _Optional[int] = ..., queue_capacity: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., admitted_total: _Optional[int] = ..., rejected_total: _Optional[int] = ..., cancelled_total: _Optional[int] = ..., completed_total: _Optional[int] = ..., largest_batch: _Optional[int] = ..., batched_steps_total: _Optional[int] = ...) -> None: ...
+    render_fault: str
+    def __init__(self, queued: _Optional[int] = ..., running: _Optional[int] = ..., queue_capacity: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., admitted_total: _Optional[int] = ..., rejected_total: _Optional[int] = ..., cancelled_total: _Optional[int] = ..., completed_total: _Optional[int] = ..., largest_batch: _Optional[int] = ..., batched_steps_total: _Optional[int] = ..., render_fault: _Optional[str] = ...) -> None: ...

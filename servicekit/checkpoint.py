@@ -13,6 +13,7 @@ beside it (see ``ServingDefaults``); a real checkpoint needs none.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -26,6 +27,33 @@ SERVING_FILE = "ardit_serving.json"
 SINGLE_WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 FAMILIES = ("mammothmoda2",)
+#: The parts of ``config.json`` that decide what a condition is: the AR that writes the hidden states (its whole
+#: ``llm_config``), which positions become the condition, and how the DiT reads it (its input projection's width and
+#: the optional refiner). Two checkpoints that differ here cannot exchange conditions.
+CONDITION_CONFIG_KEYS = ("llm_config", "gen_condition_mode", "gen_image_condition_refiner_config")
+CONDITION_DIT_KEYS = ("text_feat_dim",)
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """Which model a condition belongs to: the checkpoint directory's name and a fingerprint of the
+    condition-defining config (``condition_fingerprint``). The AR sends its own with every Render; the DiT refuses a
+    condition whose identity is not its own (dit_service/planning.py)."""
+
+    name: str
+    fingerprint: str
+
+    def __str__(self) -> str:
+        return f"'{self.name}' (condition config {self.fingerprint})"
+
+
+def condition_fingerprint(config: dict[str, Any]) -> str:
+    """The first 12 hex digits of the SHA-256 of the condition-defining config, as canonical JSON."""
+    dit = config.get("gen_dit_config") or {}
+    part = {key: config.get(key) for key in CONDITION_CONFIG_KEYS}
+    part["gen_dit_config"] = {key: dit.get(key) for key in CONDITION_DIT_KEYS}
+    text = json.dumps(part, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 #: The negative prompt the released MammothModa2 README passes with every request (bytedance/mammothmoda qwen25vl
@@ -100,6 +128,10 @@ class PipelineCheckpoint:
     @property
     def name(self) -> str:
         return self.root.name
+
+    @property
+    def identity(self) -> ModelIdentity:
+        return ModelIdentity(self.name, condition_fingerprint(self.config))
 
     @property
     def size_multiple(self) -> int:

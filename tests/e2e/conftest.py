@@ -64,12 +64,16 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 @contextmanager
-def running_stack(model_dir: Path, logs: Path) -> Iterator[Stack]:
-    """The three services on ``model_dir``, up and healthy; stopped (and their exit checked) on leaving."""
+def running_stack(model_dir: Path, logs: Path, dit_model_dir: Path | None = None) -> Iterator[Stack]:
+    """The three services on ``model_dir`` (the DiT on ``dit_model_dir`` when given), up and answering SERVING;
+    stopped (and their exit checked) on leaving. With another DiT model the gateway need only answer /health (200 or
+    503: it reports the pairing's fault once a render has failed)."""
     ar_port, dit_port, gateway_port = free_port(), free_port(), free_port()
     ar, dit = f"127.0.0.1:{ar_port}", f"127.0.0.1:{dit_port}"
     processes = {
-        "dit_service": _start("dit_service", ["dit_service", "--port", str(dit_port), "--model-dir", str(model_dir)], logs),
+        "dit_service": _start(
+            "dit_service", ["dit_service", "--port", str(dit_port), "--model-dir", str(dit_model_dir or model_dir)], logs
+        ),
         "ar_service": _start(
             "ar_service",
             ["ar_service", "--port", str(ar_port), "--model-dir", str(model_dir), "--dit-address", dit],
@@ -83,7 +87,7 @@ def running_stack(model_dir: Path, logs: Path) -> Iterator[Stack]:
 
     def gateway_ready() -> bool:
         try:
-            return httpx.get(f"{url}/health", timeout=2).status_code == 200
+            return httpx.get(f"{url}/health", timeout=2).status_code in ((200,) if dit_model_dir is None else (200, 503))
         except httpx.HTTPError:
             return False
 
