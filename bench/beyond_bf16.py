@@ -18,10 +18,8 @@ it to DASHBOARD.md.
 from __future__ import annotations
 
 from bench import saturation_report
-from bench.dashboard import _fmt as fmt
-from bench.dashboard import _run
-from bench.dashboard import _table as table
-from bench.fp8_check import AR_MS_PER_TOKEN_TARGET, DIT_SPEEDUP_TARGET, _get
+from bench.fp8_check import AR_MS_PER_TOKEN_TARGET, DIT_SPEEDUP_TARGET
+from bench.markdown import find_run, fmt, lookup, table
 
 #: End-to-end mean latency at concurrency 1 with FP8 model services: (size, steps) -> seconds.
 FP8_C1_LATENCY_LIMITS_S = {(1024, 50): 12.0, (512, 20): 2.8}
@@ -46,7 +44,7 @@ def _served_ms_per_token(fp8_run: dict | None) -> dict[str, float]:
     """"SIZE/STEPS" -> the AR's ms per decode token in the FP8 services run at concurrency 1 (its own timings)."""
     served = {}
     for size, steps in FP8_C1_LATENCY_LIMITS_S:
-        run = _run(fp8_run or {}, size, steps, 1)
+        run = find_run(fp8_run or {}, size, steps, 1)
         ms = (run or {}).get("stages_ms", {}).get("ar_ms_per_token")
         if ms is not None:
             served[f"{size}/{steps}"] = ms
@@ -66,20 +64,20 @@ def fp8_rows(checks: list[dict], fp8_run: dict | None) -> list[list[str]]:
                          + ", ".join(f"{point}: {ms:.2f}" for point, ms in served.items()) + ")",
                          worst <= AR_MS_PER_TOKEN_TARGET))
     else:
-        positions = _get(check, "ar_decode", "positions") or []
+        positions = lookup(check, "ar_decode", "positions") or []
         first = str(positions[0]) if positions else None
-        fp8_ms = _get(check, "ar_decode", "fp8", "ms_per_token", first) if first else None
-        bf16_ms = _get(check, "ar_decode", "bf16", "ms_per_token", first) if first else None
+        fp8_ms = lookup(check, "ar_decode", "fp8", "ms_per_token", first) if first else None
+        bf16_ms = lookup(check, "ar_decode", "bf16", "ms_per_token", first) if first else None
         rows.append(_row(label, fp8_ms,
                          fp8_ms and f"{fp8_ms:.2f} ms, decode step at 1 row @ {first} positions (bf16 {fmt(bf16_ms, 2)} ms)",
                          fp8_ms is not None and fp8_ms <= AR_MS_PER_TOKEN_TARGET))
-    bf16_step, fp8_step = _get(check, "dit_step", "bf16", "ms", "1024"), _get(check, "dit_step", "fp8", "ms", "1024")
+    bf16_step, fp8_step = lookup(check, "dit_step", "bf16", "ms", "1024"), lookup(check, "dit_step", "fp8", "ms", "1024")
     speedup = bf16_step / fp8_step if bf16_step and fp8_step else None
     rows.append(_row(f"DiT 1024x1024 guided denoise step, FP8 >= {DIT_SPEEDUP_TARGET}x faster than bf16", speedup,
                      speedup and f"{speedup:.2f}x ({fp8_step:.1f} against {bf16_step:.1f} ms)",
                      speedup is not None and speedup >= DIT_SPEEDUP_TARGET))
     for (size, steps), limit in FP8_C1_LATENCY_LIMITS_S.items():
-        run = _run(fp8_run or {}, size, steps, 1)
+        run = find_run(fp8_run or {}, size, steps, 1)
         mean = run["latency_s"]["mean"] if run else None
         rows.append(_row(f"{size}x{size}/{steps} c1 mean latency, FP8 <= {limit:g} s", mean,
                          mean and f"{mean:.2f} s", mean is not None and mean <= limit))

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from bench import ratios
+from bench.markdown import find_run, fmt, table, verdict
 
 MARKDOWN_NAME = "DASHBOARD.md"
 PNG_NAME = "dashboard.png"
@@ -29,35 +30,6 @@ DIT_MATMUL_FRACTION = 0.6
 TRANSPORT_OVERHEAD_512 = 0.02
 C1_LATENCY_LIMITS_S = {(1024, 50): 25.0, (512, 20): 6.0}
 C4_SCALING_512 = 3.5
-
-
-def _fmt(value, digits: int = 3) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
-def _table(header: list[str], rows: list[list]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    lines += ["| " + " | ".join(_fmt(cell) for cell in row) + " |" for row in rows]
-    return lines
-
-
-def _run(raw: dict, size: int, steps: int, concurrency: int) -> dict | None:
-    for point in raw.get("points", []):
-        if point["size"] == size and point["steps"] == steps:
-            for run in point["runs"]:
-                if run["concurrency"] == concurrency and run.get("latency_s"):
-                    return run
-    return None
-
-
-def _verdict(value, ok) -> str:
-    if value is None:
-        return "n/a (not measured)"
-    return "pass" if ok else "FAIL"
 
 
 def bounds_section(raw: dict) -> dict | None:
@@ -97,7 +69,7 @@ def targets(raw: dict) -> list[list]:
                          f"{peaks['memory_gb_per_s']:,.0f} GB/s")
             text += ")"
         rows.append([f"AR ms/token within {AR_BOUND_RATIO}x of bound ({label}, c1)", text,
-                     _verdict(ratio, ratio is not None and ratio <= AR_BOUND_RATIO)])
+                     verdict(ratio, ratio is not None and ratio <= AR_BOUND_RATIO)])
         fraction = row.get("service_dit_fraction_of_matmul")
         text = None
         if fraction is not None:
@@ -108,20 +80,20 @@ def targets(raw: dict) -> list[list]:
                          f"{peaks['bf16_dense_tflop_per_s']:g}" if peaks else "")
             text += ")"
         rows.append([f"DiT >= {DIT_MATMUL_FRACTION:.0%} of measured matmul rate ({label}, c1)", text,
-                     _verdict(fraction, fraction is not None and fraction >= DIT_MATMUL_FRACTION)])
+                     verdict(fraction, fraction is not None and fraction >= DIT_MATMUL_FRACTION)])
     if not (bounds or {}).get("per_size"):
-        rows.append([f"AR ms/token within {AR_BOUND_RATIO}x of bound", None, _verdict(None, False)])
-        rows.append([f"DiT >= {DIT_MATMUL_FRACTION:.0%} of measured matmul rate", None, _verdict(None, False)])
+        rows.append([f"AR ms/token within {AR_BOUND_RATIO}x of bound", None, verdict(None, False)])
+        rows.append([f"DiT >= {DIT_MATMUL_FRACTION:.0%} of measured matmul rate", None, verdict(None, False)])
     overhead = [r for r in raw.get("transport_overhead", []) if r["size"] == 512]
     value = overhead[0]["overhead"] if overhead else None
     rows.append([f"transport overhead <= {TRANSPORT_OVERHEAD_512:.0%} at 512 (c1, via {raw.get('via', 'rest')})",
-                 None if value is None else f"{value:.2%}", _verdict(value, value is not None and value <= TRANSPORT_OVERHEAD_512)])
+                 None if value is None else f"{value:.2%}", verdict(value, value is not None and value <= TRANSPORT_OVERHEAD_512)])
     for (size, steps), limit in C1_LATENCY_LIMITS_S.items():
-        run = _run(raw, size, steps, 1)
+        run = find_run(raw, size, steps, 1)
         mean = run["latency_s"]["mean"] if run else None
         rows.append([f"{size}/{steps} steps c1 mean latency <= {limit:g} s",
-                     None if mean is None else f"{mean:.2f} s", _verdict(mean, mean is not None and mean <= limit)])
-    c1, c4 = _run(raw, 512, 20, 1), _run(raw, 512, 20, 4)
+                     None if mean is None else f"{mean:.2f} s", verdict(mean, mean is not None and mean <= limit)])
+    c1, c4 = find_run(raw, 512, 20, 1), find_run(raw, 512, 20, 4)
     scaling, key = None, None
     if c1 and c4:  # the steady throughput where both points have one (runs from before it was recorded do not)
         key = next((k for k in ("steady_throughput_images_per_s", "throughput_images_per_s")
@@ -130,14 +102,14 @@ def targets(raw: dict) -> list[list]:
     how = " (steady)" if key == "steady_throughput_images_per_s" else ""
     rows.append([f"c4 throughput >= {C4_SCALING_512}x c1 at 512/20{how}",
                  None if scaling is None else f"{scaling:.2f}x",
-                 _verdict(scaling, scaling is not None and scaling >= C4_SCALING_512)])
+                 verdict(scaling, scaling is not None and scaling >= C4_SCALING_512)])
     return rows
 
 
 def _peaks(peaks: dict | None) -> str:
     if not peaks:
         return "not measured (no nvidia-smi)"
-    return ", ".join(f"{name} {_fmt(value)}" for name, value in peaks.items())
+    return ", ".join(f"{name} {fmt(value)}" for name, value in peaks.items())
 
 
 def markdown(raw: dict, png_note: str, image: str | None = None, extra: list[str] | None = None) -> str:
@@ -151,7 +123,7 @@ def markdown(raw: dict, png_note: str, image: str | None = None, extra: list[str
         f"- command: `{raw.get('command')}`",
         f"- date: {raw.get('date')}",
         f"- model: {raw.get('model')}, {raw.get('dtype')}, requests via {raw.get('via')}; prompt \"{raw.get('prompt')}\"",
-        f"- services started in {_fmt(raw.get('startup_s'), 1)} s; closed-loop clients, client i starting "
+        f"- services started in {fmt(raw.get('startup_s'), 1)} s; closed-loop clients, client i starting "
         "i * (c1 mean latency / c) after client 0",
         f"- peak GPU memory over the run (MiB, nvidia-smi): {_peaks(raw.get('peak_gpu_mib'))}",
         f"- plot: {png_note}",
@@ -159,7 +131,7 @@ def markdown(raw: dict, png_note: str, image: str | None = None, extra: list[str
         *([f"![latency and throughput against concurrency]({image})", ""] if image else []),
         "## Targets",
         "",
-        *_table(["target", "measured", "verdict"], targets(raw)),
+        *table(["target", "measured", "verdict"], targets(raw)),
         "",
         *against(bounds_section(raw)),
         *(extra or []),
@@ -185,7 +157,7 @@ def markdown(raw: dict, png_note: str, image: str | None = None, extra: list[str
                 (engines.get("dit") or {}).get("largest_batch"), (counts.get("dit") or {}).get("batched_steps_total"),
                 peaks.get("ar_service"), peaks.get("dit_service"),
             ])
-    lines += _table(["size/steps", "c", "done", "mean s", "p50 s", "p95 s", "p99 s", "images/s", "steady images/s",
+    lines += table(["size/steps", "c", "done", "mean s", "p50 s", "p95 s", "p99 s", "images/s", "steady images/s",
                      "AR largest batch", "AR batched steps", "DiT largest batch", "DiT batched steps", "AR peak MiB", "DiT peak MiB"], rows)
     lines += ["", "Largest batch: since the services started (GetStatus after the point); batched steps: decode tokens "
               "(AR) and denoise steps (DiT) run with more than one request in the batch during the point. Peak MiB: "
@@ -201,7 +173,7 @@ def markdown(raw: dict, png_note: str, image: str | None = None, extra: list[str
     for point in (raw.get("inprocess") or {}).get("points", []):
         stages = point["stages_mean"]
         rows.append([f"{point['size']}/{point['steps']}", "in-process", *(stages.get(k) for k in keys)])
-    lines += _table(["size/steps", "c", "AR prefill", "AR decode", "AR tokens", "AR ms/token", "cond. transfer",
+    lines += table(["size/steps", "c", "AR prefill", "AR decode", "AR tokens", "AR ms/token", "cond. transfer",
                      "DiT queue", "denoise", "VAE decode", "encode", "gateway", "service total", "client unaccounted"],
                     rows)
     lines += ["", "In process: condition transfer = the hand-over to the DiT inside one process (device copy, refiner); "
@@ -211,15 +183,15 @@ def markdown(raw: dict, png_note: str, image: str | None = None, extra: list[str
     if device_times:
         lines += ["In process, AR decode per token on the GPU (CUDA events around each step's upload and graph replay) "
                   "against its wall time: " + "; ".join(
-                      f"{p['size']}/{p['steps']}: {_fmt(m['ar_device_ms_per_token'], 3)} of {_fmt(m['ar_ms_per_token'], 3)} ms"
+                      f"{p['size']}/{p['steps']}: {fmt(m['ar_device_ms_per_token'], 3)} of {fmt(m['ar_ms_per_token'], 3)} ms"
                       for p, m in device_times) + ".", ""]
     lines += ["## Transport overhead (c1 mean vs the same pipeline in one process)", ""]
     ip = raw.get("inprocess")
     if ip:
         lines += [f"In process: {ip.get('requests_per_point')} request(s) per size on {ip.get('device')}, AR decoder "
-                  f"{ip.get('decoder', 'eager')}, models built in {_fmt(ip.get('load_s'), 1)} s"
+                  f"{ip.get('decoder', 'eager')}, models built in {fmt(ip.get('load_s'), 1)} s"
                   + (f", peak GPU memory {ip['peak_gpu_mib']} MiB" if ip.get("peak_gpu_mib") else "") + ".", ""]
-    lines += _table(["size/steps", "via", "service c1 mean s", "in-process mean s", "overhead"],
+    lines += table(["size/steps", "via", "service c1 mean s", "in-process mean s", "overhead"],
                     [[f"{r['size']}/{r['steps']}", r.get("via"), r.get("service_c1_mean_s"), r.get("inprocess_mean_s"),
                       f"{r['overhead']:.2%}"] for r in raw.get("transport_overhead", [])] or [["-", "-", "-", "-", "-"]])
     lines += ["", "## Physical bounds", ""]
@@ -240,7 +212,7 @@ def markdown(raw: dict, png_note: str, image: str | None = None, extra: list[str
                 row.get("service_dit_fraction_of_datasheet"),
                 row.get("inprocess_dit_tflop_per_s"), row.get("inprocess_dit_fraction_of_matmul"),
             ])
-        lines += _table(["size/steps", "AR bound ms/tok", "service ms/tok", "x bound", "in-proc ms/tok", "x bound",
+        lines += table(["size/steps", "AR bound ms/tok", "service ms/tok", "x bound", "in-proc ms/tok", "x bound",
                          "denoise TFLOP", "cond+image tokens", "calls", "service TFLOP/s", "of measured matmul",
                          "of datasheet", "in-proc TFLOP/s", "of measured matmul"], rows)
         lines += ["", "AR bound = decode weight bytes / the measured copy bandwidth. \"Of measured matmul\": the DiT's "
@@ -483,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     raw = merge([json.loads(path.read_text()) for path in args.raw])
     extra = None
     if args.fp8 or args.fp8_run or args.saturation:
-        from bench import beyond_bf16  # it renders with this module's helpers: imported once they exist
+        from bench import beyond_bf16  # through bench.fp8_check it imports torch: only when its section is asked for
 
         extra = beyond_bf16.section([json.loads(p.read_text()) for p in args.fp8],
                                     json.loads(args.fp8_run.read_text()) if args.fp8_run else None,

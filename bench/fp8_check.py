@@ -41,6 +41,7 @@ from typing import TypeVar
 import torch
 import torch.nn.functional as F
 
+from bench.markdown import lookup
 from bench.report import emit
 from bench.timing import median_ms
 
@@ -381,52 +382,43 @@ def _f(value, digits: int = 4) -> str:
     return str(value)
 
 
-def _get(report: dict, *path, default=None):
-    node = report
-    for key in path:
-        if not isinstance(node, dict) or key not in node:
-            return default
-        node = node[key]
-    return node
-
-
 def markdown(report: dict) -> str:
     """The run as a short page: targets with pass/fail, fidelity tables, errors."""
     lines = [f"# FP8 check ({report.get('device', '?')}, torch {report.get('torch', '?')})", ""]
     lines += ["| what | bf16 | fp8 | ratio | target | verdict |", "| --- | --- | --- | --- | --- | --- |"]
-    ar = _get(report, "ar_decode", default={})
-    for p in _get(ar, "positions", default=[]):
-        b, f = _get(ar, "bf16", "ms_per_token", str(p)), _get(ar, "fp8", "ms_per_token", str(p))
+    ar = lookup(report, "ar_decode", default={})
+    for p in lookup(ar, "positions", default=[]):
+        b, f = lookup(ar, "bf16", "ms_per_token", str(p)), lookup(ar, "fp8", "ms_per_token", str(p))
         verdict = "-" if f is None else ("pass" if f <= AR_MS_PER_TOKEN_TARGET else "fail")
         ratio = None if b is None or f is None else f / b
         lines.append(f"| AR decode step, 1 row @ {p} positions (ms) | {_f(b)} | {_f(f)} | {_f(ratio, 3)} | "
                      f"<= {AR_MS_PER_TOKEN_TARGET} | {verdict} |")
-    step = _get(report, "dit_step", default={})
-    for size in _get(step, "bf16", "ms", default={}) or {}:
-        b, f = step["bf16"]["ms"][size], _get(step, "fp8", "ms", size)
+    step = lookup(report, "dit_step", default={})
+    for size in lookup(step, "bf16", "ms", default={}) or {}:
+        b, f = step["bf16"]["ms"][size], lookup(step, "fp8", "ms", size)
         speedup = None if f is None else b / f
         target = f">= {DIT_SPEEDUP_TARGET}x" if size == "1024" else "-"
         verdict = "-" if speedup is None or size != "1024" else ("pass" if speedup >= DIT_SPEEDUP_TARGET else "fail")
         lines.append(f"| DiT guided denoise step {size}x{size} (ms) | {_f(b)} | {_f(f)} | {_f(speedup, 3)}x faster | "
                      f"{target} | {verdict} |")
-    prefill = _get(report, "ar_prefill", default={})
+    prefill = lookup(report, "ar_prefill", default={})
     if "bf16_ms" in prefill:
         lines.append(f"| AR prefill, {prefill['prompt_tokens']} tokens (ms) | {_f(prefill['bf16_ms'])} | "
                      f"{_f(prefill['fp8_ms'])} | {_f(prefill['fp8_over_bf16'], 3)} | - | - |")
     lines += ["", "## Fidelity", "", "| measure | value |", "| --- | --- |"]
-    velocity = _get(report, "dit_velocity", default={})
+    velocity = lookup(report, "dit_velocity", default={})
     for key in ("rel_err_fp8_vs_bf16", "rel_err_bf16_vs_fp32", "rel_err_fp8_vs_fp32", "fp8_error_over_bf16_error"):
         if key in velocity:
             lines.append(f"| DiT guided velocity {key} | {_f(velocity[key])} |")
     for key in ("hidden_rel_err", "gen_logits_rel_err", "top50_gen_overlap"):
         if key in prefill:
             lines.append(f"| AR prefill {key} | {_f(prefill[key])} |")
-    if "psnr_db" in _get(report, "image", default={}):
+    if "psnr_db" in lookup(report, "image", default={}):
         image = report["image"]
         lines.append(f"| image PSNR bf16 vs fp8, {image['size']}x{image['size']}, {image['steps']} steps, seed "
                      f"{image['seed']} (dB) | {_f(image['psnr_db'])} |")
     for part in ("ar_layers", "dit_layers"):
-        roles = _get(report, part, "by_role")
+        roles = lookup(report, part, "by_role")
         if roles:
             lines += ["", f"### {part}: output relative error of each linear, fp8 vs bf16", "",
                       "| role | mean | max | layers |", "| --- | --- | --- | --- |"]

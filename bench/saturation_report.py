@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench.dashboard import _fmt, _table
+from bench import markdown
 
 MARKDOWN_NAME = "SATURATION.md"
 PRECISIONS = ("bf16", "fp8")
@@ -57,7 +57,7 @@ def _ordered_keys(rows: dict) -> list[tuple[int, int, int, str]]:
 
 
 def targets_table(rows: dict) -> list[str]:
-    return _table(["target", "measured", "verdict"], target_rows(rows))
+    return markdown.table(["target", "measured", "verdict"], target_rows(rows))
 
 
 def target_rows(rows: dict) -> list[list[str]]:
@@ -73,7 +73,7 @@ def target_rows(rows: dict) -> list[list[str]]:
             table.append([label, NOT_MEASURED if point is None else NONE_ENDED, NOT_MEASURED])
             continue
         p95 = (point.get("latency_s") or {}).get("p95")
-        measured = f"{value:.3f} img/s (p50 {_fmt((point.get('latency_s') or {}).get('p50'), 2)} s, p95 {_fmt(p95, 2)} s)"
+        measured = f"{value:.3f} img/s (p50 {markdown.fmt((point.get('latency_s') or {}).get('p50'), 2)} s, p95 {markdown.fmt(p95, 2)} s)"
         table.append([label, measured, "pass" if value >= least else "FAIL"])
     return table
 
@@ -91,7 +91,7 @@ def points_table(rows: dict) -> list[str]:
         table.append([precision, name, NONE_ENDED if images_per_s is None else images_per_s, littles_law(point),
                       point["completed"], point["window_s"], lat.get("mean"), lat.get("p50"), lat.get("p95"),
                       lat.get("p99"), point["failed"]])
-    return _table(["precision", "point", "images/s", "clients / mean s", "images in window", "window s", "mean s",
+    return markdown.table(["precision", "point", "images/s", "clients / mean s", "images in window", "window s", "mean s",
                    "p50 s", "p95 s", "p99 s", "failed"], table)
 
 
@@ -116,7 +116,7 @@ def batching_table(rows: dict) -> list[str]:
                       ar.get("busy_fraction"), dit.get("images_per_step"), dit.get("step_ms"), dit.get("busy_fraction"),
                       dit.get("batch_windows"), dit.get("batch_window_ms"),
                       (engines.get("ar") or {}).get("largest_batch"), (engines.get("dit") or {}).get("largest_batch")])
-    return _table(["precision", "point", "AR streams/step", "AR step ms", "AR busy", "DiT images/step", "DiT step ms",
+    return markdown.table(["precision", "point", "AR streams/step", "AR step ms", "AR busy", "DiT images/step", "DiT step ms",
                    "DiT busy", "DiT windows", "DiT window mean ms", "AR largest batch", "DiT largest batch"], table)
 
 
@@ -132,7 +132,7 @@ def stages_table(rows: dict) -> list[str]:
             continue
         stages = point["stages_ms"]
         table.append([key[3], _point_name(*key[:3]), *(stages.get(name) for name in STAGES)])
-    return _table(["precision", "point", "AR prefill", "AR decode", "AR ms/token", "cond. transfer", "DiT queue",
+    return markdown.table(["precision", "point", "AR prefill", "AR decode", "AR ms/token", "cond. transfer", "DiT queue",
                    "denoise", "VAE decode", "encode", "gateway", "service total", "client unaccounted"], table)
 
 
