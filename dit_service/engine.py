@@ -1,4 +1,4 @@
-"""dit_service's engine: checks a render, assembles its condition, runs it in a step-level batch.
+"""dit_service's engine: queues planned renders (dit_service/planning.py) and runs them in a step-level batch.
 
 Sits between the gRPC transport (server.py) and the model (model/): no grpc here, no model math in the
 transport. One worker thread owns the GPU/CPU. Renders are admitted into a bounded FIFO queue (a full queue
@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import math
 import queue
-import secrets
 import threading
 import time
 from collections import deque
@@ -32,16 +31,20 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dit_service.imaging import PREVIEW_PNG_COMPRESS_LEVEL, encode_image
 from dit_service.model.pipeline import DiTPipeline
 from dit_service.model.sampler import DenoiseCancelled
+from dit_service.planning import (  # noqa: F401  (names callers import from here)
+    FORMATS,
+    MAX_IMAGES,
+    ConditionAssembler,
+    RenderPlan,
+    RenderPlanner,
+)
 from protos.knobs import KnobTable
-from protos.previews import MAX_PARTIAL_IMAGES, preview_steps
-from protos.status import RequestRejected
 from servicekit import tracing
 from servicekit.checkpoint import ModelIdentity
 from servicekit.image_events import FinishedImage, PreviewImage, Progress
@@ -49,9 +52,6 @@ from servicekit.profiling import BusyProfiler, stage
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("png", "jpeg", "webp")
-CONDITION_KINDS = ("text", "image", "negative")
-MAX_IMAGES = 10
 
 
 @dataclass(frozen=True)
@@ -64,122 +64,6 @@ class RenderDone:
 @dataclass(frozen=True)
 class RenderFailed:
     error: BaseException
-
-
-@dataclass
-class RenderPlan:
-    """A checked render request, before its condition has arrived."""
-
-    request_id: str
-    width: int
-    height: int
-    n: int
-    seed: int
-    output_format: str
-    output_compression: int | None
-    knobs: dict[str, Any]
-    hidden_size: int
-    dtype: torch.dtype
-    positions: dict[str, int]
-    index_offset: int = 0
-    partial_images: int = 0
-
-    @property
-    def preview_steps(self) -> list[int]:
-        return preview_steps(self.knobs["num_inference_steps"], self.partial_images)
-
-
-DTYPE_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-class ConditionAssembler:
-    """Collects condition chunks into buffers preallocated from the plan, checking each one.
-
-    The buffers are all a Render stream ever makes the DiT allocate: ``precheck`` refuses a chunk
-    from its declared dtype, shape, offset and size before its bytes are decoded, so a chunk can
-    neither exceed the header's positions nor ``max_chunk_bytes``, and a stream can send at most
-    ``max_chunks`` chunks.
-    """
-
-    def __init__(self, plan: RenderPlan, max_chunk_bytes: int | None = None, max_chunks: int | None = None):
-        self.plan = plan
-        self.max_chunk_bytes = max_chunk_bytes
-        self.max_chunks = max_chunks
-        self.chunks = 0
-        self.buffers = {
-            kind: torch.empty((count, plan.hidden_size), dtype=plan.dtype) for kind, count in plan.positions.items()
-        }
-        self.filled = {kind: torch.zeros(count, dtype=torch.bool) for kind, count in plan.positions.items()}
-
-    def precheck(self, kind: str, offset: int, dtype: str, shape: list[int], nbytes: int) -> None:
-        """Checks a chunk from its metadata alone, before its bytes become a tensor."""
-        self.chunks += 1
-        if self.max_chunks is not None and self.chunks > self.max_chunks:
-            raise RequestRejected(f"a Render stream may send at most {self.max_chunks} condition chunks", param="chunk")
-        if self.max_chunk_bytes is not None and nbytes > self.max_chunk_bytes:
-            raise RequestRejected(
-                f"condition chunk of {nbytes} bytes is over the {self.max_chunk_bytes}-byte limit; send smaller chunks",
-                param="chunk.hidden_states",
-            )
-        if kind not in CONDITION_KINDS:
-            raise RequestRejected(f"condition chunk kind must be one of {', '.join(CONDITION_KINDS)}", param="chunk.kind")
-        expected = str(self.plan.dtype).removeprefix("torch.")
-        if dtype != expected:
-            raise RequestRejected(
-                f"condition chunk dtype {dtype or 'unset'} differs from the header's {expected}", param="chunk.hidden_states"
-            )
-        if len(shape) != 2 or shape[1] != self.plan.hidden_size or shape[0] <= 0:
-            raise RequestRejected(
-                f"condition chunk shape must be [positions >= 1, {self.plan.hidden_size}]; got {list(shape)}",
-                param="chunk.hidden_states",
-            )
-        declared = self.plan.positions[kind]
-        if offset + shape[0] > declared:
-            raise RequestRejected(
-                f"{kind} condition chunk covers positions {offset}..{offset + shape[0] - 1}, but the header declared {declared}",
-                param="chunk.offset",
-            )
-        if nbytes != shape[0] * shape[1] * DTYPE_ITEMSIZE[expected]:
-            raise RequestRejected(
-                f"condition chunk of shape {list(shape)} and dtype {expected} needs "
-                f"{shape[0] * shape[1] * DTYPE_ITEMSIZE[expected]} bytes, got {nbytes}",
-                param="chunk.hidden_states",
-            )
-
-    def add(self, kind: str, offset: int, hidden: torch.Tensor) -> None:
-        if kind not in CONDITION_KINDS:
-            raise RequestRejected(f"condition chunk kind must be one of {', '.join(CONDITION_KINDS)}", param="chunk.kind")
-        if hidden.dtype != self.plan.dtype:
-            raise RequestRejected(
-                f"condition chunk dtype {str(hidden.dtype).removeprefix('torch.')} differs from the header's "
-                f"{str(self.plan.dtype).removeprefix('torch.')}",
-                param="chunk.hidden_states",
-            )
-        if hidden.dim() != 2 or hidden.shape[1] != self.plan.hidden_size or hidden.shape[0] == 0:
-            raise RequestRejected(
-                f"condition chunk shape must be [positions >= 1, {self.plan.hidden_size}]; got {list(hidden.shape)}",
-                param="chunk.hidden_states",
-            )
-        declared = self.plan.positions[kind]
-        end = offset + hidden.shape[0]
-        if end > declared:
-            raise RequestRejected(
-                f"{kind} condition chunk covers positions {offset}..{end - 1}, but the header declared {declared}",
-                param="chunk.offset",
-            )
-        if bool(self.filled[kind][offset:end].any()):
-            raise RequestRejected(f"{kind} condition positions {offset}..{end - 1} were sent twice", param="chunk.offset")
-        self.buffers[kind][offset:end] = hidden
-        self.filled[kind][offset:end] = True
-
-    def complete(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(condition, unconditional condition) once every declared position has arrived."""
-        for kind, filled in self.filled.items():
-            missing = int((~filled).sum())
-            if missing:
-                raise RequestRejected(f"{missing} declared {kind} condition positions never arrived", param="chunk")
-        condition = torch.cat([self.buffers["text"], self.buffers["image"]], dim=0)
-        return condition, self.buffers["negative"]
 
 
 class QueueFull(Exception):
@@ -250,7 +134,9 @@ class EngineMetrics:
 
 
 class DiTEngine:
-    """Plans renders against the loaded pipeline and denoises them in a step-level batch, in arrival order."""
+    """Queues planned renders and denoises them in a step-level batch, in arrival order. Planning (a header checked
+    into a ``RenderPlan``, chunks into its condition) is its ``planner``'s (dit_service/planning.py); the constructor
+    takes the planner's limits so that one object serves a Render."""
 
     def __init__(
         self,
@@ -279,14 +165,18 @@ class DiTEngine:
         if batch_window_s < 0:
             raise ValueError(f"batch_window_s must be >= 0; got {batch_window_s}")
         self.pipeline = pipeline
-        self.identity = identity
-        self.knob_table = knob_table
-        self.knob_defaults = knob_table.checkpoint_defaults(knob_defaults or {}, "dit")
-        self.max_condition_positions = max_condition_positions
-        self.max_side = max_side
-        self.max_pixels = max_pixels
-        self.max_chunk_bytes = max_chunk_bytes
-        self.max_condition_chunks = max_condition_chunks
+        self.planner = RenderPlanner(
+            size_multiple=pipeline.size_multiple,
+            condition_dim=pipeline.condition_dim,
+            knob_table=knob_table,
+            max_condition_positions=max_condition_positions,
+            max_side=max_side,
+            max_pixels=max_pixels,
+            max_chunk_bytes=max_chunk_bytes,
+            max_condition_chunks=max_condition_chunks,
+            knob_defaults=knob_defaults,
+            identity=identity,
+        )
         self.max_batch_size = max_batch_size
         self.max_queued_renders = max_queued_renders
         self.deterministic = deterministic
@@ -309,93 +199,9 @@ class DiTEngine:
 
     # -- planning -------------------------------------------------------------------------
 
-    def plan(
-        self,
-        *,
-        request_id: str,
-        width: int,
-        height: int,
-        n: int,
-        seed: int | None,
-        output_format: str,
-        output_compression: int | None,
-        knobs: dict[str, Any],
-        hidden_size: int,
-        dtype: str,
-        text_positions: int,
-        image_positions: int,
-        negative_positions: int,
-        index_offset: int = 0,
-        partial_images: int = 0,
-        model: ModelIdentity | None = None,
-    ) -> RenderPlan:
-        """Checks a render header; raises RequestRejected naming the field at fault."""
-        if model is not None and self.identity is not None and model != self.identity:
-            # Before anything else: a condition of another model is never rendered, whatever else the header says.
-            raise RequestRejected(
-                f"model mismatch: this dit_service serves model {self.identity}, but the condition comes from an AR "
-                f"serving model {model}; serve the same checkpoint on both stages",
-                param="model",
-                code=grpc.StatusCode.FAILED_PRECONDITION,
-            )
-        multiple = self.pipeline.size_multiple
-        for name, side in (("width", width), ("height", height)):
-            if side <= 0 or side % multiple:
-                raise RequestRejected(f"{name} must be a positive multiple of {multiple}; got {side}", param=name)
-            if self.max_side is not None and side > self.max_side:
-                raise RequestRejected(f"{name} must be at most {self.max_side}; got {side}", param=name)
-        if self.max_pixels is not None and width * height > self.max_pixels:
-            raise RequestRejected(
-                f"{width}x{height} is {width * height} pixels; at most {self.max_pixels} are accepted", param="width"
-            )
-        if not 1 <= n <= MAX_IMAGES:
-            raise RequestRejected(f"n must be between 1 and {MAX_IMAGES}; got {n}", param="n")
-        if seed is not None and seed + n - 1 >= 2**64:
-            raise RequestRejected(f"seed + n - 1 must stay below 2**64; got seed {seed} and n {n}", param="seed")
-        if index_offset + n - 1 >= 2**32:
-            raise RequestRejected(f"index_offset + n - 1 must stay below 2**32; got {index_offset}", param="index_offset")
-        if output_format not in FORMATS:
-            raise RequestRejected(f"output_format must be one of {', '.join(FORMATS)}", param="output_format")
-        if not 0 <= partial_images <= MAX_PARTIAL_IMAGES:
-            raise RequestRejected(
-                f"partial_images must be between 0 and {MAX_PARTIAL_IMAGES}; got {partial_images}", param="partial_images"
-            )
-        if output_compression is not None:
-            if output_format == "png":
-                raise RequestRejected("output_compression applies to jpeg and webp only", param="output_compression")
-            if not 0 <= output_compression <= 100:
-                raise RequestRejected("output_compression must be between 0 and 100", param="output_compression")
-        if hidden_size != self.pipeline.condition_dim:
-            raise RequestRejected(
-                f"hidden_size must be {self.pipeline.condition_dim} for this model; got {hidden_size}", param="hidden_size"
-            )
-        if dtype not in ("float32", "bfloat16", "float16"):
-            raise RequestRejected(f"condition dtype must be float32, bfloat16 or float16; got {dtype!r}", param="dtype")
-        positions = {"text": text_positions, "image": image_positions, "negative": negative_positions}
-        if text_positions + image_positions == 0:
-            raise RequestRejected("the condition is empty: declare text or image positions", param="text_positions")
-        if sum(positions.values()) > self.max_condition_positions:
-            raise RequestRejected(
-                f"the header declares {sum(positions.values())} condition positions; at most "
-                f"{self.max_condition_positions} are accepted",
-                param="image_positions",
-            )
-        resolved = self.knob_table.resolve(knobs, self.knob_defaults, stages=("dit",))
-        return RenderPlan(
-            request_id=request_id or f"render-{secrets.token_hex(8)}",
-            width=width,
-            height=height,
-            n=n,
-            seed=secrets.randbelow(2**32) if seed is None else seed,
-            output_format=output_format,
-            output_compression=output_compression,
-            knobs=resolved,
-            hidden_size=hidden_size,
-            dtype=getattr(torch, dtype),
-            positions=positions,
-            index_offset=index_offset,
-            partial_images=partial_images,
-        )
+    def plan(self, **header: Any) -> RenderPlan:
+        """The planner's ``plan`` (dit_service/planning.py), for callers that hold only the engine."""
+        return self.planner.plan(**header)
 
     # -- admission ------------------------------------------------------------------------
 
@@ -441,7 +247,7 @@ class DiTEngine:
             self.metrics.queue_depth.set(self._queued())
             self._lock.notify_all()  # a batch window waiting on this render need not wait any longer
 
-    def status(self) -> dict[str, int]:
+    def status(self) -> dict[str, Any]:
         with self._lock:
             return dict(
                 queued=self._queued(),
@@ -459,7 +265,7 @@ class DiTEngine:
     # -- running --------------------------------------------------------------------------
 
     def assembler(self, plan: RenderPlan) -> ConditionAssembler:
-        return ConditionAssembler(plan, self.max_chunk_bytes, self.max_condition_chunks)
+        return self.planner.assembler(plan)
 
     def submit(
         self, plan: RenderPlan, condition: torch.Tensor, uncond: torch.Tensor, admitted: bool = False, trace: Any = None

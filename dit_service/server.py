@@ -21,9 +21,9 @@ from dit_service.engine import (
     QueueFull,
     RenderDone,
     RenderFailed,
-    RenderPlan,
 )
 from dit_service.model.sampler import DenoiseCancelled
+from dit_service.planning import RenderPlan, RenderPlanner
 from protos import channels, common_pb2, dit_pb2, dit_pb2_grpc
 from protos.codec import CodecError, decode_tensor
 from protos.formats import format_enum, format_name
@@ -45,8 +45,8 @@ KIND_NAMES = {
 }
 
 
-def _plan_from_header(engine: DiTEngine, header: dit_pb2.RenderHeader) -> RenderPlan:
-    return engine.plan(
+def _plan_from_header(planner: RenderPlanner, header: dit_pb2.RenderHeader) -> RenderPlan:
+    return planner.plan(
         request_id=header.request_id,
         width=header.width,
         height=header.height,
@@ -122,7 +122,7 @@ class RendererServicer(dit_pb2_grpc.RendererServicer):
         if first is None or first.WhichOneof("input") != "header":
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, "a Render stream must start with a header", param="header")
         try:
-            plan = _plan_from_header(self.engine, first.header)
+            plan = _plan_from_header(self.engine.planner, first.header)
         except RequestRejected as exc:
             abort_rejected(context, exc)
         try:
