@@ -127,6 +127,10 @@ class EngineMetrics:
             "ardit_dit_step_seconds", "wall time of one batched denoise step",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r,
         )
+        self.steps = Counter(
+            "ardit_dit_denoise_steps", "denoising steps of finished images, by outcome: computed (ran the transformer) "
+            "or skipped (reused the last computed velocity, dit_cache_threshold)", ["outcome"], registry=r,
+        )
         self.window_seconds = Histogram(
             "ardit_dit_batch_window_seconds", "time a new batch waited for more renders of its size (batch_window_s)",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25), registry=r,
@@ -395,7 +399,8 @@ class DiTEngine:
             return
         if "dit_queue_ms" not in job.timings:
             job.timings.update(dit_queue_ms=(now - job.condition_complete_at) * 1e3, denoise_ms=0.0, vae_decode_ms=0.0,
-                               encode_ms=0.0, preview_ms=0.0, transformer_calls=0)
+                               encode_ms=0.0, preview_ms=0.0, transformer_calls=0,
+                               dit_steps_computed=0, dit_steps_skipped=0)
         n_text = plan.positions["text"]  # job.condition is [text | image] (ConditionAssembler.complete)
         try:
             entry = self.pipeline.start_entry(
@@ -408,6 +413,7 @@ class DiTEngine:
                 steps=plan.knobs["num_inference_steps"],
                 guidance=plan.knobs["text_guidance_scale"],
                 cfg_range=tuple(plan.knobs["cfg_range"]),
+                cache_threshold=plan.knobs.get("dit_cache_threshold", 0.0),
             )
         except Exception as exc:
             log.exception("render %s could not start", plan.request_id)
@@ -532,6 +538,10 @@ class DiTEngine:
         timings["vae_decode_ms"] += (t2 - t1) * 1e3
         timings["encode_ms"] += (t3 - t2) * 1e3
         timings["transformer_calls"] += entry.rows
+        timings["dit_steps_computed"] += entry.computed_steps
+        timings["dit_steps_skipped"] += entry.skipped_steps
+        self.metrics.steps.labels(outcome="computed").inc(entry.computed_steps)
+        self.metrics.steps.labels(outcome="skipped").inc(entry.skipped_steps)
         self._leave(running)
         if job.finished:
             return

@@ -24,29 +24,29 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13protos/common.proto\x12\x08\x61rdit.v1\"4\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\x82\x02\n\x0cStageTimings\x12\x15\n\rar_prefill_ms\x18\x01 \x01(\x01\x12\x14\n\x0c\x61r_decode_ms\x18\x02 \x01(\x01\x12\x11\n\tar_tokens\x18\x03 \x01(\r\x12\x1d\n\x15\x63ondition_transfer_ms\x18\x04 \x01(\x01\x12\x14\n\x0c\x64it_queue_ms\x18\x05 \x01(\x01\x12\x12\n\ndenoise_ms\x18\x06 \x01(\x01\x12\x15\n\rvae_decode_ms\x18\x07 \x01(\x01\x12\x11\n\tencode_ms\x18\x08 \x01(\x01\x12\x10\n\x08total_ms\x18\t \x01(\x01\x12\x19\n\x11transformer_calls\x18\n \x01(\r\x12\x12\n\npreview_ms\x18\x0b \x01(\x01\"\x82\x01\n\x0eGeneratedImage\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12&\n\x06\x66ormat\x18\x03 \x01(\x0e\x32\x16.ardit.v1.OutputFormat\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\r\n\x05width\x18\x05 \x01(\r\x12\x0e\n\x06height\x18\x06 \x01(\r\"\xa6\x01\n\x0cPreviewImage\x12\r\n\x05index\x18\x01 \x01(\r\x12\x15\n\rpartial_index\x18\x02 \x01(\r\x12\x0c\n\x04step\x18\x03 \x01(\r\x12\r\n\x05total\x18\x04 \x01(\r\x12&\n\x06\x66ormat\x18\x05 \x01(\x0e\x32\x16.ardit.v1.OutputFormat\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\r\n\x05width\x18\x07 \x01(\r\x12\x0e\n\x06height\x18\x08 \x01(\r\"E\n\x08Progress\x12\r\n\x05index\x18\x01 \x01(\r\x12\r\n\x05stage\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\r\x12\r\n\x05total\x18\x04 \x01(\r\"2\n\rModelIdentity\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\"\x12\n\x10GetStatusRequest\"\x8b\x02\n\x0c\x45ngineStatus\x12\x0e\n\x06queued\x18\x01 \x01(\r\x12\x0f\n\x07running\x18\x02 \x01(\r\x12\x16\n\x0equeue_capacity\x18\x03 \x01(\r\x12\x16\n\x0emax_batch_size\x18\x04 \x01(\r\x12\x16\n\x0e\x61\x64mitted_total\x18\x05 \x01(\x04\x12\x16\n\x0erejected_total\x18\x06 \x01(\x04\x12\x17\n\x0f\x63\x61ncelled_total\x18\x07 \x01(\x04\x12\x17\n\x0f\x63ompleted_total\x18\x08 \x01(\x04\x12\x15\n\rlargest_batch\x18\t \x01(\r\x12\x1b\n\x13\x62\x61tched_steps_total\x18\n \x01(\x04\x12\x14\n\x0crender_fault\x18\x0b \x01(\t*t\n\x0cOutputFormat\x12\x1d\n\x19OUTPUT_FORMAT_UNSPECIFIED\x10\x00\x12\x15\n\x11OUTPUT_FORMAT_PNG\x10\x01\x12\x16\n\x12OUTPUT_FORMAT_JPEG\x10\x02\x12\x16\n\x12OUTPUT_FORMAT_WEBP\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13protos/common.proto\x12\x08\x61rdit.v1\"4\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xb9\x02\n\x0cStageTimings\x12\x15\n\rar_prefill_ms\x18\x01 \x01(\x01\x12\x14\n\x0c\x61r_decode_ms\x18\x02 \x01(\x01\x12\x11\n\tar_tokens\x18\x03 \x01(\r\x12\x1d\n\x15\x63ondition_transfer_ms\x18\x04 \x01(\x01\x12\x14\n\x0c\x64it_queue_ms\x18\x05 \x01(\x01\x12\x12\n\ndenoise_ms\x18\x06 \x01(\x01\x12\x15\n\rvae_decode_ms\x18\x07 \x01(\x01\x12\x11\n\tencode_ms\x18\x08 \x01(\x01\x12\x10\n\x08total_ms\x18\t \x01(\x01\x12\x19\n\x11transformer_calls\x18\n \x01(\r\x12\x12\n\npreview_ms\x18\x0b \x01(\x01\x12\x1a\n\x12\x64it_steps_computed\x18\r \x01(\r\x12\x19\n\x11\x64it_steps_skipped\x18\x0e \x01(\r\"\x82\x01\n\x0eGeneratedImage\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12&\n\x06\x66ormat\x18\x03 \x01(\x0e\x32\x16.ardit.v1.OutputFormat\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\r\n\x05width\x18\x05 \x01(\r\x12\x0e\n\x06height\x18\x06 \x01(\r\"\xa6\x01\n\x0cPreviewImage\x12\r\n\x05index\x18\x01 \x01(\r\x12\x15\n\rpartial_index\x18\x02 \x01(\r\x12\x0c\n\x04step\x18\x03 \x01(\r\x12\r\n\x05total\x18\x04 \x01(\r\x12&\n\x06\x66ormat\x18\x05 \x01(\x0e\x32\x16.ardit.v1.OutputFormat\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\x12\r\n\x05width\x18\x07 \x01(\r\x12\x0e\n\x06height\x18\x08 \x01(\r\"E\n\x08Progress\x12\r\n\x05index\x18\x01 \x01(\r\x12\r\n\x05stage\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\r\x12\r\n\x05total\x18\x04 \x01(\r\"2\n\rModelIdentity\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\"\x12\n\x10GetStatusRequest\"\x8b\x02\n\x0c\x45ngineStatus\x12\x0e\n\x06queued\x18\x01 \x01(\r\x12\x0f\n\x07running\x18\x02 \x01(\r\x12\x16\n\x0equeue_capacity\x18\x03 \x01(\r\x12\x16\n\x0emax_batch_size\x18\x04 \x01(\r\x12\x16\n\x0e\x61\x64mitted_total\x18\x05 \x01(\x04\x12\x16\n\x0erejected_total\x18\x06 \x01(\x04\x12\x17\n\x0f\x63\x61ncelled_total\x18\x07 \x01(\x04\x12\x17\n\x0f\x63ompleted_total\x18\x08 \x01(\x04\x12\x15\n\rlargest_batch\x18\t \x01(\r\x12\x1b\n\x13\x62\x61tched_steps_total\x18\n \x01(\x04\x12\x14\n\x0crender_fault\x18\x0b \x01(\t*t\n\x0cOutputFormat\x12\x1d\n\x19OUTPUT_FORMAT_UNSPECIFIED\x10\x00\x12\x15\n\x11OUTPUT_FORMAT_PNG\x10\x01\x12\x16\n\x12OUTPUT_FORMAT_JPEG\x10\x02\x12\x16\n\x12OUTPUT_FORMAT_WEBP\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OUTPUTFORMAT']._serialized_start=1063
-  _globals['_OUTPUTFORMAT']._serialized_end=1179
+  _globals['_OUTPUTFORMAT']._serialized_start=1118
+  _globals['_OUTPUTFORMAT']._serialized_end=1234
   _globals['_TENSOR']._serialized_start=33
   _globals['_TENSOR']._serialized_end=85
   _globals['_STAGETIMINGS']._serialized_start=88
-  _globals['_STAGETIMINGS']._serialized_end=346
-  _globals['_GENERATEDIMAGE']._serialized_start=349
-  _globals['_GENERATEDIMAGE']._serialized_end=479
-  _globals['_PREVIEWIMAGE']._serialized_start=482
-  _globals['_PREVIEWIMAGE']._serialized_end=648
-  _globals['_PROGRESS']._serialized_start=650
-  _globals['_PROGRESS']._serialized_end=719
-  _globals['_MODELIDENTITY']._serialized_start=721
-  _globals['_MODELIDENTITY']._serialized_end=771
-  _globals['_GETSTATUSREQUEST']._serialized_start=773
-  _globals['_GETSTATUSREQUEST']._serialized_end=791
-  _globals['_ENGINESTATUS']._serialized_start=794
-  _globals['_ENGINESTATUS']._serialized_end=1061
+  _globals['_STAGETIMINGS']._serialized_end=401
+  _globals['_GENERATEDIMAGE']._serialized_start=404
+  _globals['_GENERATEDIMAGE']._serialized_end=534
+  _globals['_PREVIEWIMAGE']._serialized_start=537
+  _globals['_PREVIEWIMAGE']._serialized_end=703
+  _globals['_PROGRESS']._serialized_start=705
+  _globals['_PROGRESS']._serialized_end=774
+  _globals['_MODELIDENTITY']._serialized_start=776
+  _globals['_MODELIDENTITY']._serialized_end=826
+  _globals['_GETSTATUSREQUEST']._serialized_start=828
+  _globals['_GETSTATUSREQUEST']._serialized_end=846
+  _globals['_ENGINESTATUS']._serialized_start=849
+  _globals['_ENGINESTATUS']._serialized_end=1116
 # @@protoc_insertion_point(module_scope)

@@ -160,6 +160,11 @@ MAMMOTHMODA2_KNOBS = KnobTable(
              "How a guided step runs its two branches: 'sequential' (two transformer calls) or 'packed' (one batch of "
              "two, the shorter condition padded; same result, exactly so on CPU in float32).",
              default="sequential", choices=("sequential", "packed")),
+        Knob("dit_cache_threshold", "float", "dit",
+             "Step caching: a denoising step whose first-block modulated input changed by less than this (relative "
+             "L1, summed since the last computed step) reuses the last computed velocity instead of running the "
+             "transformer; 0 = off (every step computed). docs/speed-modes.md has the measured trade-off.",
+             default=0.0, minimum=0.0, maximum=1.0),
         Knob("temperature", "float", "ar", "AR sampling temperature; 0 = greedy. Default: the checkpoint's.",
              minimum=0.0, maximum=2.0),
         Knob("top_k", "int", "ar", "AR top-k over the visual tokens. Default: the checkpoint's.",

@@ -259,8 +259,10 @@ class DiTPipeline:
         steps: int,
         guidance: float,
         cfg_range: tuple[float, float] = (0.0, 1.0),
+        cache_threshold: float = 0.0,
     ) -> DenoiseEntry:
-        """One image ready to join a running batch (step-level batching): seeded noise and its own schedule."""
+        """One image ready to join a running batch (step-level batching): seeded noise and its own schedule.
+        ``cache_threshold``: step caching (sampler.step_entries), 0 = off."""
         for name, tensor in (("text_condition", text_condition), ("image_condition", image_condition),
                              ("uncond_condition", uncond_condition)):
             if tensor.ndim != 2 or tensor.shape[1] != self.condition_dim:
@@ -268,12 +270,14 @@ class DiTPipeline:
         condition = self.assemble_condition(text_condition, image_condition)
         return start_entry(
             condition, uncond_condition, self.latent_shape(width, height), seed, steps, guidance, (cfg_range[0], cfg_range[1]),
-            device=self.device, dtype=self.dtype, cfg_range_policy=self.cfg_range_policy,
+            device=self.device, dtype=self.dtype, cfg_range_policy=self.cfg_range_policy, cache_threshold=cache_threshold,
         )
 
     def step(self, entries: list[DenoiseEntry], separate: bool = False) -> int:
         """One Euler step for every entry (same latent shape), in one transformer call unless ``separate``."""
-        return step_entries(self.step_model, entries, self.dtype, separate=separate)
+        return step_entries(
+            self.step_model, entries, self.dtype, separate=separate, indicator=self.transformer.cache_indicator
+        )
 
     def synchronize(self) -> None:
         """Waits for the work queued on the device, so that a step's measured time is the device's and not only the

@@ -122,6 +122,14 @@ class DenoiseEntry:
     step: int = 0
     rows: int = 0  # transformer evaluations of this image (2 per step inside cfg_range, else 1)
     velocity: torch.Tensor | None = None  # the last step's (guided) velocity [1, C, h, w]; valid until the next step
+    # Step caching (``step_entries``): 0 = off. Otherwise a step whose indicator moved less than this (relative L1,
+    # summed since the last computed step) reuses the last computed velocity instead of calling the transformer.
+    cache_threshold: float = 0.0
+    cache_accum: float = 0.0
+    cache_last: torch.Tensor | None = None  # the indicator at the previous step
+    cache_cfg: bool | None = None  # whether the last computed step was guided
+    computed_steps: int = 0  # steps that called the transformer
+    skipped_steps: int = 0  # steps that reused the last computed velocity
 
     @property
     def done(self) -> bool:
@@ -147,7 +155,7 @@ class DenoiseEntry:
         """Drops the tensors (a cancelled entry frees its memory at once, even if something still holds it)."""
         empty = torch.empty(0)
         self.cond = self.uncond = self.latents = self.t = empty
-        self.velocity = None
+        self.velocity = self.cache_last = None
 
 
 def start_entry(
@@ -162,8 +170,11 @@ def start_entry(
     dtype: torch.dtype = torch.float32,
     dynamic_time_shift: bool = True,
     cfg_range_policy: str = "per_step",
+    cache_threshold: float = 0.0,
 ) -> DenoiseEntry:
     """Seeded initial noise and this image's own schedule."""
+    if not 0.0 <= cache_threshold <= MAX_CACHE_THRESHOLD:
+        raise ValueError(f"cache_threshold must be between 0 and {MAX_CACHE_THRESHOLD}; got {cache_threshold}")
     if cfg_range_policy not in CFG_RANGE_POLICIES:
         raise ValueError(f"cfg_range_policy must be one of {', '.join(CFG_RANGE_POLICIES)}; got {cfg_range_policy!r}")
     _, latent_h, latent_w = latent_shape
@@ -176,7 +187,34 @@ def start_entry(
         guidance=float(guidance),
         cfg_range=(float(cfg_range[0]), float(cfg_range[1])),
         cfg_range_policy=cfg_range_policy,
+        cache_threshold=float(cache_threshold),
     )
+
+
+#: The largest step-caching threshold accepted (the ``dit_cache_threshold`` knob's maximum).
+MAX_CACHE_THRESHOLD = 1.0
+
+
+def _reuses_velocity(entry: DenoiseEntry, indicator: Callable[..., torch.Tensor] | None, dtype: torch.dtype) -> bool:
+    """Whether ``entry``'s step may reuse its last computed velocity (step caching, TeaCache-style).
+
+    The indicator (the first block's timestep-modulated input, ``MammothDiT.cache_indicator``) is computed for the
+    entry alone, so the decision is a function of the image itself, never of its batch-mates; it covers both CFG
+    branches at once (they share latents and time). The relative L1 change of the indicator since the previous step
+    is summed since the last computed step; under the threshold the step is skipped. The first and the last step
+    are always computed, and so is a step whose guidance differs from the last computed one's (cfg_range)."""
+    if entry.cache_threshold <= 0 or indicator is None:
+        return False
+    current = indicator(entry.latents.to(dtype), entry.t[entry.step : entry.step + 1])
+    previous, entry.cache_last = entry.cache_last, current
+    if previous is None or entry.velocity is None or entry.step >= entry.steps - 1 or entry.cache_cfg != entry.wants_cfg():
+        entry.cache_accum = 0.0
+        return False
+    entry.cache_accum += float((current - previous).abs().mean() / previous.abs().mean().clamp_min(1e-12))
+    if entry.cache_accum < entry.cache_threshold:
+        return True
+    entry.cache_accum = 0.0
+    return False
 
 
 @torch.no_grad()
@@ -185,6 +223,7 @@ def step_entries(
     entries: list[DenoiseEntry],
     dtype: torch.dtype = torch.float32,
     separate: bool = False,
+    indicator: Callable[..., torch.Tensor] | None = None,
 ) -> int:
     """One Euler step for every entry (all of one latent shape); returns the transformer invocations made.
 
@@ -192,13 +231,27 @@ def step_entries(
     default every row goes into one transformer call (packed CFG, and packed across entries: each row carries its
     own timestep and condition length); ``separate=True`` makes one call per row (``cfg_mode="sequential"``).
     On CPU both give the same bits: the transformer keeps every row's arithmetic independent of its batch-mates.
+
+    ``indicator``: ``MammothDiT.cache_indicator``, for entries with a ``cache_threshold``: such an entry's step may
+    reuse its last computed velocity (``_reuses_velocity``) and add no row to the call.
     """
+    if not entries:
+        return 0
+    for entry in entries:
+        if entry.done:
+            raise ValueError("step_entries got an entry that has finished its steps")
+    reused = [entry for entry in entries if _reuses_velocity(entry, indicator, dtype)]
+    for entry in reused:
+        assert entry.velocity is not None  # _reuses_velocity checked it
+        i = entry.step
+        entry.latents = entry.latents + (entry.t[i + 1] - entry.t[i]) * entry.velocity
+        entry.skipped_steps += 1
+        entry.step += 1
+    entries = [entry for entry in entries if not any(entry is r for r in reused)]
     if not entries:
         return 0
     latents, times, conds, owners = [], [], [], []
     for k, entry in enumerate(entries):
-        if entry.done:
-            raise ValueError("step_entries got an entry that has finished its steps")
         model_in = entry.latents.to(dtype)
         cfg = entry.wants_cfg()
         for branch in (entry.cond, entry.uncond) if cfg else (entry.cond,):
@@ -226,8 +279,10 @@ def step_entries(
             row += 1
             entry.rows += 1
         i = entry.step
+        entry.cache_cfg = entry.wants_cfg()
         entry.latents = entry.latents + (entry.t[i + 1] - entry.t[i]) * pred
         entry.velocity = pred
+        entry.computed_steps += 1
         entry.step += 1
     return calls
 

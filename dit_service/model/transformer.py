@@ -426,6 +426,29 @@ class MammothDiT(nn.Module):
             out[i, :n] = h[0, a : a + n]
         return out
 
+    # -- step caching -------------------------------------------------------------------------------------------
+
+    def cache_indicator(self, latents: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:
+        """What step caching compares between steps (TeaCache's indicator): the first modulated block's
+        timestep-modulated input, the image tokens after the patch embedding and the block's adaLN scale, for one
+        sample (latents [1, C, h, w], timestep [1]); float32 [n_img, D].
+
+        It depends on the sample's own latents and time only (not on its condition, nor on anything else in a
+        batch), so both CFG branches of an image share it and a decision made on it is the image's alone. Padded
+        to the same row counts as ``forward`` for the same kernels."""
+        if latents.shape[0] != 1:
+            raise ValueError(f"cache_indicator takes one sample; got a batch of {latents.shape[0]}")
+        device, dtype = latents.device, self.dtype
+        t = F.pad(timestep.to(device=device, dtype=dtype).reshape(-1)[:1], (0, _rows(1) - 1))
+        embed = self.time_caption_embed
+        temb = embed.timestep_embedder(embed.time_proj(t).to(dtype))
+        tokens = self._patchify(latents.to(dtype))
+        n_img = tokens.shape[1]
+        img = self.x_embedder(F.pad(tokens, (0, 0, 0, _rows(n_img) - n_img)))
+        first = next(layer for layer in (*self.noise_refiner, *self.layers) if layer.modulation)
+        modulated, *_ = first.norm1(img, temb)
+        return modulated[0, :n_img].float()
+
     # -- forward --------------------------------------------------------------------------------------------------
 
     def forward(

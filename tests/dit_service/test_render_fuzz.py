@@ -40,11 +40,12 @@ class FakePipeline:
     condition_dim = HIDDEN
 
     def start_entry(self, *, width, height, **_):
-        return SimpleNamespace(latents=(width, height), step=0, steps=1, rows=0, done=False)
+        return SimpleNamespace(latents=(width, height), step=0, steps=1, rows=0, done=False, computed_steps=0,
+                               skipped_steps=0)
 
     def step(self, entries, separate=False):
         for entry in entries:
-            entry.step, entry.rows, entry.done = 1, 1, True
+            entry.step, entry.rows, entry.done, entry.computed_steps = 1, 1, True, 1
         return 1
 
     def synchronize(self):
