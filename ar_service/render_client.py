@@ -36,7 +36,7 @@ _CLOSE = object()
 class RenderHeader:
     request_id: str
     index: int
-    width: int
+    width: int  # what the DiT renders; its pictures come back upscale times as large
     height: int
     seed: int
     output_format: str
@@ -48,6 +48,7 @@ class RenderHeader:
     image_positions: int
     negative_positions: int
     partial_images: int = 0
+    upscale: int = 1
 
     def to_proto(self) -> dit_pb2.RenderHeader:
         header = dit_pb2.RenderHeader(
@@ -65,6 +66,7 @@ class RenderHeader:
             negative_positions=self.negative_positions,
             index_offset=self.index,
             partial_images=self.partial_images,
+            upscale=self.upscale,
         )
         if self.output_compression is not None:
             header.output_compression = self.output_compression

@@ -35,13 +35,14 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from dit_service.imaging import PREVIEW_PNG_COMPRESS_LEVEL, encode_image
+from dit_service.imaging import PREVIEW_PNG_COMPRESS_LEVEL, encode_image, enlarge
 from dit_service.model.pipeline import DiTPipeline
 from dit_service.model.sampler import DenoiseCancelled
 from protos.knobs import KnobTable
 from protos.previews import MAX_PARTIAL_IMAGES, preview_steps
 from protos.status import RequestRejected
 from servicekit import tracing
+from servicekit.checkpoint import MAX_UPSCALE
 from servicekit.image_events import FinishedImage, PreviewImage, Progress
 from servicekit.profiling import BusyProfiler, stage
 
@@ -81,6 +82,11 @@ class RenderPlan:
     positions: dict[str, int]
     index_offset: int = 0
     partial_images: int = 0
+    upscale: int = 1  # the pictures sent are width*upscale x height*upscale (imaging.enlarge)
+
+    @property
+    def answered_size(self) -> tuple[int, int]:
+        return self.width * self.upscale, self.height * self.upscale
 
     @property
     def preview_steps(self) -> list[int]:
@@ -322,6 +328,7 @@ class DiTEngine:
         negative_positions: int,
         index_offset: int = 0,
         partial_images: int = 0,
+        upscale: int = 1,
     ) -> RenderPlan:
         """Checks a render header; raises RequestRejected naming the field at fault."""
         multiple = self.pipeline.size_multiple
@@ -334,6 +341,8 @@ class DiTEngine:
             raise RequestRejected(
                 f"{width}x{height} is {width * height} pixels; at most {self.max_pixels} are accepted", param="width"
             )
+        if not 1 <= upscale <= MAX_UPSCALE:
+            raise RequestRejected(f"upscale must be between 1 and {MAX_UPSCALE}; got {upscale}", param="upscale")
         if not 1 <= n <= MAX_IMAGES:
             raise RequestRejected(f"n must be between 1 and {MAX_IMAGES}; got {n}", param="n")
         if seed is not None and seed + n - 1 >= 2**64:
@@ -381,6 +390,7 @@ class DiTEngine:
             positions=positions,
             index_offset=index_offset,
             partial_images=partial_images,
+            upscale=upscale,
         )
 
     # -- admission ------------------------------------------------------------------------
@@ -678,7 +688,7 @@ class DiTEngine:
         job, plan, entry = running.job, running.job.plan, running.entry
         started = time.perf_counter()
         with stage(self.profiler, "dit.preview"):
-            pixels = self.pipeline.preview(entry)
+            pixels = enlarge(self.pipeline.preview(entry), plan.upscale)
         pixels_s = time.perf_counter() - started
         event = dict(index=plan.index_offset + running.image, partial_index=plan.preview_steps.index(entry.step),
                      step=entry.step, total=entry.steps)
@@ -689,7 +699,7 @@ class DiTEngine:
             job.timings["preview_ms"] += (pixels_s + time.perf_counter() - encode_started) * 1e3
             if not (job.finished or job.cancelled.is_set()):
                 job.events.put(PreviewImage(event["index"], event["partial_index"], event["step"], event["total"],
-                                            plan.output_format, data, plan.width, plan.height))
+                                            plan.output_format, data, *plan.answered_size))
 
         running.previews.append(self._preview_encoder.submit(encode_and_send))
 
@@ -701,6 +711,7 @@ class DiTEngine:
         t1 = time.perf_counter()
         with stage(self.profiler, "dit.vae_decode"), tracing.span("dit.vae_decode", job.trace, image_index=index):
             pixels = self.pipeline.decode(entry.latents)
+        pixels = enlarge(pixels, plan.upscale)
         t2 = time.perf_counter()
         with stage(self.profiler, "dit.encode"), tracing.span("dit.encode", job.trace, image_index=index, format=plan.output_format):
             data = encode_image(pixels, plan.output_format, plan.output_compression)
@@ -715,7 +726,7 @@ class DiTEngine:
         self._leave(running)
         if job.finished:
             return
-        job.events.put(FinishedImage(index, plan.seed + running.image, plan.output_format, data, plan.width, plan.height))
+        job.events.put(FinishedImage(index, plan.seed + running.image, plan.output_format, data, *plan.answered_size))
         job.images_done += 1
         if job.images_done == plan.n:
             job.finished = True

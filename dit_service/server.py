@@ -61,6 +61,7 @@ def _plan_from_header(engine: DiTEngine, header: dit_pb2.RenderHeader) -> Render
         negative_positions=header.negative_positions,
         index_offset=header.index_offset,
         partial_images=header.partial_images,
+        upscale=header.upscale or 1,
     )
 
 

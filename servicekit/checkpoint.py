@@ -43,6 +43,10 @@ SETTING_CHOICES = {
 }
 
 
+#: The largest enlargement factor a checkpoint may allow (ServingDefaults.max_upscale); dit_service refuses more.
+MAX_UPSCALE = 16
+
+
 @dataclass(frozen=True)
 class ServingDefaults:
     """What ardit needs to serve a checkpoint that the checkpoint itself does not say (``ardit_serving.json``).
@@ -65,6 +69,13 @@ class ServingDefaults:
       ``off_after_first_exit``: the released code, where the first step outside cfg_range turns guidance off for
       good (a range that starts above 0 never guides).
 
+    max_upscale: the largest whole factor a picture may be enlarged by after decoding, so that a size above
+    max_side can still be answered (1, the default: never). A request for W x H above max_side is rendered at
+    W/f x H/f for the smallest factor f <= max_upscale that brings both sides within max_side (and keeps them whole
+    multiples of the size multiple), then enlarged f times; the answer states W x H and its pictures are W x H.
+    For a small model trained at one size (train/: 128x128) this is how OpenAI clients' fixed 512x512 and
+    1024x1024 requests get an honest answer: the model's own drawing, enlarged, never a size other than stated.
+
     knob_defaults: per-request knobs (AR or DiT stage) this checkpoint is best served with when a request leaves
     them out, over the family's defaults: e.g. a small model trained for guidance 3, not MammothModa2's 9. The
     services check names and values against the family's knob table at start-up.
@@ -79,8 +90,11 @@ class ServingDefaults:
     visual_token_scope: str = SETTING_CHOICES["visual_token_scope"][0]
     cfg_range_policy: str = SETTING_CHOICES["cfg_range_policy"][0]
     knob_defaults: dict[str, Any] = field(default_factory=dict)
+    max_upscale: int = 1
 
     def __post_init__(self) -> None:
+        if not 1 <= self.max_upscale <= MAX_UPSCALE:
+            raise ValueError(f"max_upscale must be between 1 and {MAX_UPSCALE}; got {self.max_upscale}")
         for name, choices in SETTING_CHOICES.items():
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}; got {getattr(self, name)!r}")
