@@ -12,7 +12,6 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 
 from servicekit.settings import GrpcTarget, ServiceSettings
 
-
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
 
 
