@@ -469,13 +469,14 @@ class AREngine:
         if width == 0 and height == 0:
             return self.serving.default_width, self.serving.default_height, 1
         limit, multiple, most = self.serving.max_side, self.size_multiple, self.serving.max_upscale
-        factor = upscale_for(width, height, multiple, limit, most)
+        render_side = max(self.serving.default_width, self.serving.default_height)
+        factor = upscale_for(width, height, multiple, limit, most, render_side)
         if factor is None:
             accepted = f"multiples of {multiple} between {multiple} and {limit}"
             if most > 1:
                 accepted += (
-                    f", or such a size times a whole factor up to {most} (rendered at that size and enlarged), "
-                    f"e.g. {limit * min(most, 4)}x{limit * min(most, 4)}"
+                    f", or a size of sides at most {min(render_side, limit)} times a whole factor up to {most} "
+                    f"(drawn at that size and enlarged), e.g. {render_side * most}x{render_side * most}"
                 )
             raise RequestRejected(
                 f"'size' {width}x{height} is not accepted: width and height must be {accepted}", param="size"

@@ -71,10 +71,11 @@ class ServingDefaults:
 
     max_upscale: the largest whole factor a picture may be enlarged by after decoding, so that a size above
     max_side can still be answered (1, the default: never). A request for W x H above max_side is rendered at
-    W/f x H/f for the smallest factor f <= max_upscale that brings both sides within max_side (and keeps them whole
-    multiples of the size multiple), then enlarged f times; the answer states W x H and its pictures are W x H.
-    For a small model trained at one size (train/: 128x128) this is how OpenAI clients' fixed 512x512 and
-    1024x1024 requests get an honest answer: the model's own drawing, enlarged, never a size other than stated.
+    W/f x H/f for the smallest factor f <= max_upscale that brings both sides within the default size's long side
+    (the size the model draws best; whole multiples of the size multiple), then enlarged f times
+    (ar_service.prompt.upscale_for); the answer states W x H and its pictures are W x H. For a small model trained
+    at one size (train/: 128x128) this is how OpenAI clients' fixed 512x512 and 1024x1024 requests get an honest
+    answer: the model's own 128x128 drawing, enlarged 4 or 8 times, never a size other than the one stated.
 
     knob_defaults: per-request knobs (AR or DiT stage) this checkpoint is best served with when a request leaves
     them out, over the family's defaults: e.g. a small model trained for guidance 3, not MammothModa2's 9. The
