@@ -301,7 +301,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         grpc_ms = (time.perf_counter() - grpc_started) * 1000
         if completed is None:
             raise APIError(502, "ar_service ended the stream without a final result", code="bad_gateway")
-        urls = await stored_images.publish(request, images, parsed.output_format) if parsed.response_format == "url" else None
+        urls = await stored_images.publish(request, images, parsed.output_format) if parsed.answer_format == "url" else None
         content = translate.to_openai(parsed, images, completed, gateway_ms=0.0, urls=urls)
         content["timings"]["gateway_ms"] = round((time.perf_counter() - started) * 1000 - grpc_ms, 3)
         return JSONResponse(content)
