@@ -177,7 +177,8 @@ def test_the_shapes_model_at_an_openai_client_size(shapes_stack, browser, screen
     page.wait(lambda: page["model"].text.startswith("model shapes"), "the model card to load")
     assert page["size"].get_attribute("value") == "128x128"
     offered = page.js("return [...document.querySelectorAll('#sizes option')].map(o => o.value)")
-    assert {"512x512", "1024x1024"} <= set(offered)  # the enlarged sizes are offered (max_upscale 8)
+    # the enlarged sizes are offered (max_upscale 8 of 128), 2048 (16 x 128) is not
+    assert {"512x512", "1024x1024"} <= set(offered) and "2048x2048" not in offered
     page.fill(prompt="a small red star at the top, blue background", size="512x512", seed="7")
     page.record_arrivals()
     page["generate"].click()
