@@ -47,6 +47,8 @@ from servicekit.image_events import FinishedImage, PreviewImage, Progress
 from servicekit.profiling import BusyProfiler, stage
 
 log = logging.getLogger(__name__)
+#: The most pixels of one enlarged picture (RenderHeader.upscale): 8192x8192, 192 MiB of RGB before encoding.
+MAX_ANSWERED_PIXELS = 8192 * 8192
 
 FORMATS = ("png", "jpeg", "webp")
 CONDITION_KINDS = ("text", "image", "negative")
@@ -343,6 +345,12 @@ class DiTEngine:
             )
         if not 1 <= upscale <= MAX_UPSCALE:
             raise RequestRejected(f"upscale must be between 1 and {MAX_UPSCALE}; got {upscale}", param="upscale")
+        if width * height * upscale**2 > MAX_ANSWERED_PIXELS:
+            raise RequestRejected(
+                f"{width}x{height} enlarged {upscale} times is {width * upscale}x{height * upscale}; at most "
+                f"{MAX_ANSWERED_PIXELS} pixels per picture are sent",
+                param="upscale",
+            )
         if not 1 <= n <= MAX_IMAGES:
             raise RequestRejected(f"n must be between 1 and {MAX_IMAGES}; got {n}", param="n")
         if seed is not None and seed + n - 1 >= 2**64:

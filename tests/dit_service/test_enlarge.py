@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import numpy as np
 import pytest
+import torch
+from PIL import Image
 
+from dit_service.engine import MAX_ANSWERED_PIXELS, DiTEngine, FinishedImage
 from dit_service.imaging import enlarge
+from protos.knobs import FAMILIES
+from protos.status import RequestRejected
 from servicekit.checkpoint import MAX_UPSCALE, SERVING_FILE, ServingDefaults, _read_serving
 
 
@@ -50,3 +56,32 @@ def test_the_committed_shapes_checkpoint_enlarges_up_to_8():
 
     assert _read_serving(ROOT / "train" / "checkpoints" / "shapes") == SERVING
     assert SERVING.max_upscale == 8
+
+
+def test_the_engine_sends_pictures_at_the_enlarged_size_and_refuses_too_much(pipeline):
+    """dit_service's engine on the tiny pipeline: an upscale-3 render of 32x16 is sent as a 96x48 PNG."""
+    engine = DiTEngine(pipeline, FAMILIES["mammothmoda2"], max_condition_positions=4096)
+    hidden = pipeline.condition_dim
+    header = dict(request_id="r", n=1, seed=1, output_format="png", output_compression=None,
+                  knobs={"num_inference_steps": 2}, hidden_size=hidden, dtype="float32", text_positions=4,
+                  image_positions=0, negative_positions=0)
+    try:
+        plan = engine.plan(width=32, height=16, upscale=3, **header)
+        assert plan.answered_size == (96, 48)
+        job = engine.submit(plan, torch.randn(4, hidden), torch.zeros(0, hidden))
+        images = []
+        while not images:
+            event = job.events.get(timeout=120)
+            if isinstance(event, FinishedImage):
+                images.append(event)
+        assert (images[0].width, images[0].height) == (96, 48)
+        assert Image.open(io.BytesIO(images[0].data)).size == (96, 48)
+        for bad in (0, 17):
+            with pytest.raises(RequestRejected, match="upscale"):
+                engine.plan(width=32, height=16, upscale=bad, **header)
+        side = 1024  # 1024 * 16 = 16384 per side: more than MAX_ANSWERED_PIXELS
+        assert (side * 16) ** 2 > MAX_ANSWERED_PIXELS
+        with pytest.raises(RequestRejected, match="pixels per picture"):
+            engine.plan(width=side, height=side, upscale=16, **header)
+    finally:
+        engine.close()
