@@ -52,7 +52,7 @@ from ar_service.generation import (
 from ar_service.metrics import EngineMetrics
 from ar_service.model.loading import LoadedAR
 from ar_service.model.static_decode import StaticDecoder
-from ar_service.prompt import Grid, grid_for_size
+from ar_service.prompt import Grid, grid_for_size, upscale_for
 from ar_service.render_client import RenderHeader, RenderSession
 from ar_service.sampling import SamplingParams
 from protos.knobs import KnobTable
@@ -82,8 +82,9 @@ class ImagePlan:
     prompt_ids: list[int]
     negative_ids: list[int] | None
     grid: Grid
-    width: int
+    width: int  # of the answered pictures: the model renders width // upscale x height // upscale
     height: int
+    upscale: int
     n: int
     seed: int
     output_format: str
@@ -363,6 +364,7 @@ class AREngine:
             "max_prompt_tokens": self.max_prompt_tokens,
             "knobs": knobs,
             "quality_steps": dict(self.knob_table.quality_steps),
+            "max_upscale": self.serving.max_upscale,
         }
 
     # -- planning ---------------------------------------------------------------------------
@@ -395,7 +397,7 @@ class AREngine:
             raise RequestRejected("'prompt' must be a non-empty string", param="prompt")
         if not 1 <= n <= MAX_IMAGES:
             raise RequestRejected(f"'n' must be between 1 and {MAX_IMAGES}; got {n}", param="n")
-        width, height = self._check_size(width, height)
+        width, height, upscale = self._check_size(width, height)
         if output_format not in FORMATS:
             raise RequestRejected(f"'output_format' must be one of {', '.join(FORMATS)}", param="output_format")
         if output_compression is not None:
@@ -427,7 +429,7 @@ class AREngine:
             dit_given["num_inference_steps"] = preset
         dit_knobs = self.knob_table.resolve(dit_given, self.dit_defaults, stages=("dit",))
 
-        grid = grid_for_size(width, height, self.pixels_per_token)
+        grid = grid_for_size(width // upscale, height // upscale, self.pixels_per_token)
         prompt_ids = self._prompt_ids(prompt, grid, "prompt")
         negative_ids = self._negative_ids(negative_prompt, dit_knobs)
         longest = max(len(prompt_ids), len(negative_ids or ()))
@@ -448,6 +450,7 @@ class AREngine:
             grid=grid,
             width=width,
             height=height,
+            upscale=upscale,
             n=n,
             seed=seed,
             output_format=output_format,
@@ -461,23 +464,30 @@ class AREngine:
             partial_images=partial_images,
         )
 
-    def _check_size(self, width: int, height: int) -> tuple[int, int]:
+    def _check_size(self, width: int, height: int) -> tuple[int, int, int]:
+        """(width, height, factor) of the answer: the model renders width/factor x height/factor (prompt.upscale_for)."""
         if width == 0 and height == 0:
-            return self.serving.default_width, self.serving.default_height
-        limit, multiple = self.serving.max_side, self.size_multiple
-        for side in (width, height):
-            if side < multiple or side > limit or side % multiple:
-                raise RequestRejected(
-                    f"'size' {width}x{height} is not accepted: width and height must be multiples of {multiple} "
-                    f"between {multiple} and {limit}",
-                    param="size",
+            return self.serving.default_width, self.serving.default_height, 1
+        limit, multiple, most = self.serving.max_side, self.size_multiple, self.serving.max_upscale
+        render_side = max(self.serving.default_width, self.serving.default_height)
+        factor = upscale_for(width, height, multiple, limit, most, render_side)
+        if factor is None:
+            accepted = f"multiples of {multiple} between {multiple} and {limit}"
+            if most > 1:
+                accepted += (
+                    f", or a size of sides at most {min(render_side, limit)} times a whole factor up to {most} "
+                    f"(drawn at that size and enlarged), e.g. {render_side * most}x{render_side * most}"
                 )
-        if self.max_pixels is not None and width * height > self.max_pixels:
             raise RequestRejected(
-                f"'size' {width}x{height} is {width * height} pixels; at most {self.max_pixels} per image are accepted",
+                f"'size' {width}x{height} is not accepted: width and height must be {accepted}", param="size"
+            )
+        rendered = (width // factor) * (height // factor)
+        if self.max_pixels is not None and rendered > self.max_pixels:
+            raise RequestRejected(
+                f"'size' {width}x{height} renders {rendered} pixels; at most {self.max_pixels} per image are accepted",
                 param="size",
             )
-        return width, height
+        return width, height, factor
 
     def _check_text(self, text: str, param: str) -> None:
         for token in self._control_tokens:
@@ -707,8 +717,9 @@ class AREngine:
             header = RenderHeader(
                 request_id=plan.request_id,
                 index=index,
-                width=plan.width,
-                height=plan.height,
+                width=plan.width // plan.upscale,
+                height=plan.height // plan.upscale,
+                upscale=plan.upscale,
                 seed=seed,
                 output_format=plan.output_format,
                 output_compression=plan.output_compression,

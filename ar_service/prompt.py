@@ -60,6 +60,23 @@ def grid_for_size(width_px: int, height_px: int, pixels_per_token: int) -> Grid:
     return Grid(width=width_px // pixels_per_token, height=height_px // pixels_per_token)
 
 
+def upscale_for(
+    width_px: int, height_px: int, multiple: int, max_side: int, max_upscale: int, render_side: int
+) -> int | None:
+    """THE owner of the answered size -> rendered size rule. 1 when W x H itself is whole multiples of ``multiple``
+    between ``multiple`` and ``max_side``; else the smallest whole factor f <= max_upscale such that W/f x H/f is
+    whole multiples of ``multiple`` no larger than ``render_side`` (the size the model draws best: its default);
+    None when there is none. The model renders W/f x H/f and the picture is enlarged f times."""
+    for factor in range(1, max(1, max_upscale) + 1):
+        if width_px % factor or height_px % factor:
+            continue
+        limit = max_side if factor == 1 else min(render_side, max_side)
+        sides = (width_px // factor, height_px // factor)
+        if all(side % multiple == 0 and multiple <= side <= limit for side in sides):
+            return factor
+    return None
+
+
 def system_prefix() -> str:
     """The part of every T2I prompt before the user text (its K/V are computed once and shared)."""
     return f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n"

@@ -37,7 +37,7 @@ _CLOSE = object()
 class RenderHeader:
     request_id: str
     index: int
-    width: int
+    width: int  # what the DiT renders; its pictures come back upscale times as large
     height: int
     seed: int
     output_format: str
@@ -50,6 +50,7 @@ class RenderHeader:
     negative_positions: int
     partial_images: int = 0
     model: ModelIdentity | None = None  # the AR's model, for the DiT to check the condition is of its own
+    upscale: int = 1
 
     def to_proto(self) -> dit_pb2.RenderHeader:
         header = dit_pb2.RenderHeader(
@@ -67,6 +68,7 @@ class RenderHeader:
             negative_positions=self.negative_positions,
             index_offset=self.index,
             partial_images=self.partial_images,
+            upscale=self.upscale,
         )
         if self.output_compression is not None:
             header.output_compression = self.output_compression

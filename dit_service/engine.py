@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from dit_service.imaging import PREVIEW_PNG_COMPRESS_LEVEL, encode_image
+from dit_service.imaging import PREVIEW_PNG_COMPRESS_LEVEL, encode_image, enlarge
 from dit_service.model.pipeline import DiTPipeline
 from dit_service.model.sampler import DenoiseCancelled
 from dit_service.planning import (  # noqa: F401  (names callers import from here)
@@ -504,7 +504,7 @@ class DiTEngine:
         job, plan, entry = running.job, running.job.plan, running.entry
         started = time.perf_counter()
         with stage(self.profiler, "dit.preview"):
-            pixels = self.pipeline.preview(entry)
+            pixels = enlarge(self.pipeline.preview(entry), plan.upscale)
         pixels_s = time.perf_counter() - started
         event = dict(index=plan.index_offset + running.image, partial_index=plan.preview_steps.index(entry.step),
                      step=entry.step, total=entry.steps)
@@ -515,7 +515,7 @@ class DiTEngine:
             job.timings["preview_ms"] += (pixels_s + time.perf_counter() - encode_started) * 1e3
             if not (job.finished or job.cancelled.is_set()):
                 job.events.put(PreviewImage(event["index"], event["partial_index"], event["step"], event["total"],
-                                            plan.output_format, data, plan.width, plan.height))
+                                            plan.output_format, data, *plan.answered_size))
 
         running.previews.append(self._preview_encoder.submit(encode_and_send))
 
@@ -527,6 +527,7 @@ class DiTEngine:
         t1 = time.perf_counter()
         with stage(self.profiler, "dit.vae_decode"), tracing.span("dit.vae_decode", job.trace, image_index=index):
             pixels = self.pipeline.decode(entry.latents)
+        pixels = enlarge(pixels, plan.upscale)
         t2 = time.perf_counter()
         with stage(self.profiler, "dit.encode"), tracing.span("dit.encode", job.trace, image_index=index, format=plan.output_format):
             data = encode_image(pixels, plan.output_format, plan.output_compression)
@@ -545,7 +546,7 @@ class DiTEngine:
         self._leave(running)
         if job.finished:
             return
-        job.events.put(FinishedImage(index, plan.seed + running.image, plan.output_format, data, plan.width, plan.height))
+        job.events.put(FinishedImage(index, plan.seed + running.image, plan.output_format, data, *plan.answered_size))
         job.images_done += 1
         if job.images_done == plan.n:
             job.finished = True

@@ -29,6 +29,19 @@ def quality_for(compression: int | None) -> int:
     return max(1, 100 - compression)
 
 
+def enlarge(pixels: np.ndarray, factor: int) -> np.ndarray:
+    """uint8 [H, W, 3] pixels enlarged a whole ``factor`` times along each side (Lanczos; 1 returns them as they are).
+
+    A checkpoint that allows it (ServingDefaults.max_upscale) answers sizes above what it renders this way."""
+    if factor < 1:
+        raise ValueError(f"factor must be a positive whole number; got {factor}")
+    if factor == 1:
+        return pixels
+    height, width = pixels.shape[:2]
+    image = Image.fromarray(np.ascontiguousarray(pixels)).resize((width * factor, height * factor), Image.Resampling.LANCZOS)
+    return np.asarray(image)
+
+
 def encode_image(pixels: np.ndarray, fmt: str, compression: int | None = None, png_level: int = PNG_COMPRESS_LEVEL) -> bytes:
     """Encodes uint8 [H, W, 3] pixels; compression is ignored for PNG (lossless), whose zlib level is png_level."""
     if pixels.dtype != np.uint8 or pixels.ndim != 3 or pixels.shape[2] != 3:

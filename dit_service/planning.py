@@ -20,11 +20,13 @@ import torch
 from protos.knobs import KnobTable
 from protos.previews import MAX_PARTIAL_IMAGES, preview_steps
 from protos.status import RequestRejected
-from servicekit.checkpoint import ModelIdentity
+from servicekit.checkpoint import MAX_UPSCALE, ModelIdentity
 
 FORMATS = ("png", "jpeg", "webp")
 CONDITION_KINDS = ("text", "image", "negative")
 MAX_IMAGES = 10
+#: The most pixels of one enlarged picture (RenderHeader.upscale): 8192x8192, 192 MiB of RGB before encoding.
+MAX_ANSWERED_PIXELS = 8192 * 8192
 
 
 @dataclass
@@ -44,6 +46,11 @@ class RenderPlan:
     positions: dict[str, int]
     index_offset: int = 0
     partial_images: int = 0
+    upscale: int = 1  # the pictures sent are width*upscale x height*upscale (imaging.enlarge)
+
+    @property
+    def answered_size(self) -> tuple[int, int]:
+        return self.width * self.upscale, self.height * self.upscale
 
     @property
     def preview_steps(self) -> list[int]:
@@ -191,6 +198,7 @@ class RenderPlanner:
         index_offset: int = 0,
         partial_images: int = 0,
         model: ModelIdentity | None = None,
+        upscale: int = 1,
     ) -> RenderPlan:
         """Checks a render header; raises RequestRejected naming the field at fault."""
         if model is not None and self.identity is not None and model != self.identity:
@@ -210,6 +218,14 @@ class RenderPlanner:
         if self.max_pixels is not None and width * height > self.max_pixels:
             raise RequestRejected(
                 f"{width}x{height} is {width * height} pixels; at most {self.max_pixels} are accepted", param="width"
+            )
+        if not 1 <= upscale <= MAX_UPSCALE:
+            raise RequestRejected(f"upscale must be between 1 and {MAX_UPSCALE}; got {upscale}", param="upscale")
+        if width * height * upscale**2 > MAX_ANSWERED_PIXELS:
+            raise RequestRejected(
+                f"{width}x{height} enlarged {upscale} times is {width * upscale}x{height * upscale}; at most "
+                f"{MAX_ANSWERED_PIXELS} pixels per picture are sent",
+                param="upscale",
             )
         if not 1 <= n <= MAX_IMAGES:
             raise RequestRejected(f"n must be between 1 and {MAX_IMAGES}; got {n}", param="n")
@@ -258,6 +274,7 @@ class RenderPlanner:
             positions=positions,
             index_offset=index_offset,
             partial_images=partial_images,
+            upscale=upscale,
         )
 
     def assembler(self, plan: RenderPlan) -> ConditionAssembler:

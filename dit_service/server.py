@@ -63,6 +63,7 @@ def _plan_from_header(planner: RenderPlanner, header: dit_pb2.RenderHeader) -> R
         index_offset=header.index_offset,
         partial_images=header.partial_images,
         model=ModelIdentity(header.model.name, header.model.fingerprint) if header.HasField("model") else None,
+        upscale=header.upscale or 1,
     )
 
 

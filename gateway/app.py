@@ -289,7 +289,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         request.state.prompt_chars = len(parsed.prompt)
         request.state.n = parsed.n
         parsed.check_supported()
-        message = translate.to_proto(parsed, request_id)
+        message = translate.to_proto(parsed, request_id, settings.model_aliases)
         if parsed.stream:
             return await streaming.open_stream(request, parsed, message)
 
@@ -310,7 +310,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         grpc_ms = (time.perf_counter() - grpc_started) * 1000
         if completed is None:
             raise APIError(502, "ar_service ended the stream without a final result", code="bad_gateway")
-        urls = await stored_images.publish(request, images, parsed.output_format) if parsed.response_format == "url" else None
+        urls = await stored_images.publish(request, images, parsed.output_format) if parsed.answer_format == "url" else None
         content = translate.to_openai(parsed, images, completed, gateway_ms=0.0, urls=urls)
         content["timings"]["gateway_ms"] = round((time.perf_counter() - started) * 1000 - grpc_ms, 3)
         return JSONResponse(content)
@@ -318,16 +318,17 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     @app.get("/v1/models", responses=schemas.MODELS_RESPONSES)
     async def list_models(request: Request) -> JSONResponse:
         reply = await request.app.state.generator.ListModels(ar_pb2.ListModelsRequest(), timeout=LIST_MODELS_TIMEOUT_S)
-        return JSONResponse(translate.models_to_openai(reply))
+        return JSONResponse(translate.models_to_openai(reply, settings.model_aliases))
 
     @app.get("/v1/models/{model_id:path}", responses=schemas.MODEL_RESPONSES)
     async def get_model(model_id: str, request: Request) -> JSONResponse:
         reply = await request.app.state.generator.ListModels(ar_pb2.ListModelsRequest(), timeout=LIST_MODELS_TIMEOUT_S)
-        for card in reply.models:
-            if card.id == model_id:
-                return JSONResponse(translate.model_card_to_openai(card))
+        for entry in translate.models_to_openai(reply, settings.model_aliases)["data"]:
+            if entry["id"] == model_id:
+                return JSONResponse(entry)
         served = ", ".join(card.id for card in reply.models) or "none"
-        raise APIError(404, f"model {model_id!r} not found; served: {served}", "model", "model_not_found")
+        aliases = ", ".join(settings.model_aliases) or "none"
+        raise APIError(404, f"model {model_id!r} not found; served: {served}; aliases: {aliases}", "model", "model_not_found")
 
     @app.get("/metrics", include_in_schema=False)
     async def prometheus_metrics(request: Request) -> Response:

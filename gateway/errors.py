@@ -123,8 +123,10 @@ def validation_error(errors: Sequence[Mapping[str, Any]]) -> APIError:
 # -- gRPC statuses --------------------------------------------------------------------------
 
 
-def from_rpc_error(error: grpc.aio.AioRpcError | grpc.RpcError, ar_address: str = "") -> APIError:
-    """A model service's gRPC status as the matching HTTP error."""
+def from_rpc_error(
+    error: grpc.aio.AioRpcError | grpc.RpcError, ar_address: str = "", model_aliases: Mapping[str, str] | None = None
+) -> APIError:
+    """A model service's gRPC status as the matching HTTP error; an unknown model's 404 also names the aliases."""
     code = effective_code(error)
     status = http_status(code)
     details = error.details() or code.name.lower()
@@ -147,6 +149,9 @@ def from_rpc_error(error: grpc.aio.AioRpcError | grpc.RpcError, ar_address: str 
         headers = {"Retry-After": str(retry_after_of(error) or DEFAULT_RETRY_AFTER_S)}
     elif status >= 500:
         message = f"{code.name.lower()}: {details}"
+    elif code == grpc.StatusCode.NOT_FOUND and param_of(error) == "model":
+        named = ", ".join(f"{alias} (= {model})" for alias, model in (model_aliases or {}).items())
+        message = f"{details}; aliases: {named or 'none set (gateway setting model_aliases)'}"
     else:
         message = details
     return APIError(status, message, param_of(error), "model_mismatch" if status == 503 and code ==
@@ -182,7 +187,7 @@ async def _http_exception(request: Request, exc: StarletteHTTPException) -> JSON
 
 async def _rpc_error(request: Request, exc: grpc.aio.AioRpcError) -> JSONResponse:
     settings = getattr(request.app.state, "settings", None)
-    return from_rpc_error(exc, getattr(settings, "ar_address", "")).response()
+    return from_rpc_error(exc, getattr(settings, "ar_address", ""), getattr(settings, "model_aliases", None)).response()
 
 
 def install(app: FastAPI) -> None:

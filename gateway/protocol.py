@@ -49,7 +49,9 @@ class ImageGenerationRequest(BaseModel):
     size: str = Field("auto", description="'auto' (the model's default) or 'WIDTHxHEIGHT'.")
     quality: Quality = Field("auto", description="Maps to a num_inference_steps preset; 'auto' keeps the default.")
     response_format: Literal["b64_json", "url"] | None = Field(
-        "b64_json", description="b64_json (in the answer) or url (kept for a while)."
+        None,
+        description="b64_json (in the answer) or url (kept for a while). Left out: url when the model name asked "
+        "for starts with 'dall-e' (as OpenAI answers those, and as clients written for them read), else b64_json.",
     )
     output_format: OutputFormat = Field("png", description="Encoding of the returned images.")
     output_compression: int | None = Field(None, ge=0, le=100, description="0-100, jpeg and webp only.")
@@ -75,6 +77,14 @@ class ImageGenerationRequest(BaseModel):
     def _size_shape(cls, size: str) -> str:
         parse_size(size)
         return size
+
+    @property
+    def answer_format(self) -> Literal["b64_json", "url"]:
+        """response_format, or what OpenAI answers for the model name when it is left out: DALL-E models default to
+        url (OpenAI's Images API reference, response_format), the others to b64_json."""
+        if self.response_format is not None:
+            return self.response_format
+        return "url" if (self.model or "").startswith("dall-e") else "b64_json"
 
     def dimensions(self) -> tuple[int, int]:
         return parse_size(self.size)

@@ -48,6 +48,9 @@ class ArditModelInfo(BaseModel):
     max_prompt_tokens: int
     knobs: list[KnobInfo]
     quality_steps: dict[str, int]
+    max_upscale: int = Field(description="sizes above max_side are rendered at most max_side and enlarged by a whole "
+                             "factor up to this (1: never)")
+    alias_of: str | None = Field(description="for a gateway alias (setting model_aliases): the served model it stands for")
 
 
 class ModelObject(BaseModel):

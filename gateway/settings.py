@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
+from typing import Annotated, Any
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from servicekit.settings import GrpcTarget, ServiceSettings
+
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
 
 
 class GatewaySettings(ServiceSettings):
@@ -29,6 +34,12 @@ class GatewaySettings(ServiceSettings):
     )
     max_body_bytes: int = Field(1_048_576, ge=1, description="largest request body accepted, in bytes (larger: 413)")
     log_level: str = Field("info", description="debug, info, warning or error")
+    model_aliases: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="other model names requests may use, each for one served model: 'ALIAS=MODEL,ALIAS=MODEL' (or a "
+        "JSON object / YAML mapping), e.g. 'dall-e-2=shapes' for clients that send OpenAI's model names unasked; "
+        "/v1/models lists each alias as such, and any other name is still 404",
+    )
     # -- API keys: none configured = open; any configured = every route but /health and the docs needs one --
     api_keys: SecretStr | None = Field(
         None, description="comma-separated API keys clients send as 'Authorization: Bearer KEY' (prefer the env variable)"
@@ -53,6 +64,36 @@ class GatewaySettings(ServiceSettings):
         268_435_456, ge=1, description="most bytes of images kept for URLs (default 256 MiB); the oldest go first"
     )
     image_url_ttl_s: float = Field(3600.0, gt=0, description="how long an image URL answers, in seconds (OpenAI: 60 minutes)")
+
+    @field_validator("model_aliases", mode="before")
+    @classmethod
+    def _parse_aliases(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        if text.startswith("{"):
+            return json.loads(text)
+        aliases: dict[str, str] = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            alias, sep, model = (side.strip() for side in item.partition("="))
+            if not sep or not alias or not model:
+                raise ValueError(f"model_aliases entries are ALIAS=MODEL separated by commas; got {item!r}")
+            if alias in aliases:
+                raise ValueError(f"model_aliases names {alias!r} twice")
+            aliases[alias] = model
+        return aliases
+
+    @field_validator("model_aliases")
+    @classmethod
+    def _aliases_are_names(cls, aliases: dict[str, str]) -> dict[str, str]:
+        for alias, model in aliases.items():
+            if not _MODEL_NAME.match(alias) or not _MODEL_NAME.match(model):
+                raise ValueError(f"model_aliases: {alias!r}={model!r} is not a pair of model names (letters, digits, ._:/-)")
+            if alias == model:
+                raise ValueError(f"model_aliases: {alias!r} is an alias of itself")
+            if model in aliases:
+                raise ValueError(f"model_aliases: {alias!r} points at {model!r}, which is itself an alias")
+        return aliases
 
     @field_validator("base_url")
     @classmethod

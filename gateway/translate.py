@@ -23,12 +23,16 @@ def new_request_id() -> str:
     return f"img-{uuid.uuid4().hex}"
 
 
-def to_proto(request: ImageGenerationRequest, request_id: str | None = None) -> ar_pb2.GenerateImageRequest:
-    """The OpenAI request as one GenerateImageRequest (width/height 0 for size 'auto')."""
+def to_proto(
+    request: ImageGenerationRequest, request_id: str | None = None, model_aliases: Mapping[str, str] | None = None
+) -> ar_pb2.GenerateImageRequest:
+    """The OpenAI request as one GenerateImageRequest (width/height 0 for size 'auto'); a model name that is one of
+    the gateway's aliases becomes the model it stands for, any other goes to ar_service as given (404 if unknown)."""
     width, height = request.dimensions()
+    model = request.model or ""
     message = ar_pb2.GenerateImageRequest(
         request_id=request_id or new_request_id(),
-        model=request.model or "",
+        model=(model_aliases or {}).get(model, model),
         prompt=request.prompt,
         negative_prompt=request.negative_prompt or "",
         width=width,
@@ -119,12 +123,23 @@ def model_card_to_openai(card: ar_pb2.ModelCard) -> dict[str, Any]:
             "max_prompt_tokens": card.max_prompt_tokens,
             "knobs": knobs,
             "quality_steps": dict(card.quality_steps),
+            "max_upscale": card.max_upscale or 1,
+            "alias_of": None,
         },
     }
 
 
-def models_to_openai(reply: ar_pb2.ListModelsResponse) -> dict[str, Any]:
-    return {"object": "list", "data": [model_card_to_openai(card) for card in reply.models]}
+def models_to_openai(reply: ar_pb2.ListModelsResponse, model_aliases: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The served models first, then each alias of a served model as an entry of its own whose ``ardit.alias_of``
+    names the model it stands for (its details are that model's). An alias of a model not served is left out."""
+    served = [model_card_to_openai(card) for card in reply.models]
+    by_id = {entry["id"]: entry for entry in served}
+    aliases = [
+        {**by_id[model], "id": alias, "ardit": {**by_id[model]["ardit"], "alias_of": model}}
+        for alias, model in (model_aliases or {}).items()
+        if model in by_id
+    ]
+    return {"object": "list", "data": served + aliases}
 
 
 def _number(value: float) -> int | float:

@@ -156,7 +156,7 @@ class KnobSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., default: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., minimum: _Optional[float] = ..., maximum: _Optional[float] = ..., choices: _Optional[_Iterable[str]] = ..., description: _Optional[str] = ...) -> None: ...
 
 class ModelCard(_message.Message):
-    __slots__ = ("id", "family", "default_width", "default_height", "max_side", "size_multiple", "max_prompt_tokens", "knobs", "quality_steps")
+    __slots__ = ("id", "family", "default_width", "default_height", "max_side", "size_multiple", "max_prompt_tokens", "knobs", "quality_steps", "max_upscale")
     class QualityStepsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -173,6 +173,7 @@ class ModelCard(_message.Message):
     MAX_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KNOBS_FIELD_NUMBER: _ClassVar[int]
     QUALITY_STEPS_FIELD_NUMBER: _ClassVar[int]
+    MAX_UPSCALE_FIELD_NUMBER: _ClassVar[int]
     id: str
     family: str
     default_width: int
@@ -182,7 +183,8 @@ class ModelCard(_message.Message):
     max_prompt_tokens: int
     knobs: _containers.RepeatedCompositeFieldContainer[KnobSpec]
     quality_steps: _containers.ScalarMap[str, int]
-    def __init__(self, id: _Optional[str] = ..., family: _Optional[str] = ..., default_width: _Optional[int] = ..., default_height: _Optional[int] = ..., max_side: _Optional[int] = ..., size_multiple: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., knobs: _Optional[_Iterable[_Union[KnobSpec, _Mapping]]] = ..., quality_steps: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    max_upscale: int
+    def __init__(self, id: _Optional[str] = ..., family: _Optional[str] = ..., default_width: _Optional[int] = ..., default_height: _Optional[int] = ..., max_side: _Optional[int] = ..., size_multiple: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., knobs: _Optional[_Iterable[_Union[KnobSpec, _Mapping]]] = ..., quality_steps: _Optional[_Mapping[str, int]] = ..., max_upscale: _Optional[int] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
     __slots__ = ("models",)

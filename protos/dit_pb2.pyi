@@ -31,7 +31,7 @@ class RenderInput(_message.Message):
     def __init__(self, header: _Optional[_Union[RenderHeader, _Mapping]] = ..., chunk: _Optional[_Union[ConditionChunk, _Mapping]] = ..., end: _Optional[_Union[RenderEnd, _Mapping]] = ...) -> None: ...
 
 class RenderHeader(_message.Message):
-    __slots__ = ("request_id", "width", "height", "n", "seed", "output_format", "output_compression", "knobs", "hidden_size", "dtype", "text_positions", "image_positions", "negative_positions", "index_offset", "partial_images", "model")
+    __slots__ = ("request_id", "width", "height", "n", "seed", "output_format", "output_compression", "knobs", "hidden_size", "dtype", "text_positions", "image_positions", "negative_positions", "index_offset", "partial_images", "model", "upscale")
     class KnobsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class RenderHeader(_message.Message):
     INDEX_OFFSET_FIELD_NUMBER: _ClassVar[int]
     PARTIAL_IMAGES_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    UPSCALE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     width: int
     height: int
@@ -71,7 +72,8 @@ class RenderHeader(_message.Message):
     index_offset: int
     partial_images: int
     model: _common_pb2.ModelIdentity
-    def __init__(self, request_id: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., n: _Optional[int] = ..., seed: _Optional[int] = ..., output_format: _Optional[_Union[_common_pb2.OutputFormat, str]] = ..., output_compression: _Optional[int] = ..., knobs: _Optional[_Mapping[str, _struct_pb2.Value]] = ..., hidden_size: _Optional[int] = ..., dtype: _Optional[str] = ..., text_positions: _Optional[int] = ..., image_positions: _Optional[int] = ..., negative_positions: _Optional[int] = ..., index_offset: _Optional[int] = ..., partial_images: _Optional[int] = ..., model: _Optional[_Union[_common_pb2.ModelIdentity, _Mapping]] = ...) -> None: ...
+    upscale: int
+    def __init__(self, request_id: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., n: _Optional[int] = ..., seed: _Optional[int] = ..., output_format: _Optional[_Union[_common_pb2.OutputFormat, str]] = ..., output_compression: _Optional[int] = ..., knobs: _Optional[_Mapping[str, _struct_pb2.Value]] = ..., hidden_size: _Optional[int] = ..., dtype: _Optional[str] = ..., text_positions: _Optional[int] = ..., image_positions: _Optional[int] = ..., negative_positions: _Optional[int] = ..., index_offset: _Optional[int] = ..., partial_images: _Optional[int] = ..., model: _Optional[_Union[_common_pb2.ModelIdentity, _Mapping]] = ..., upscale: _Optional[int] = ...) -> None: ...
 
 class ConditionChunk(_message.Message):
     __slots__ = ("kind", "offset", "hidden_states")

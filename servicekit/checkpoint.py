@@ -71,6 +71,10 @@ SETTING_CHOICES = {
 }
 
 
+#: The largest enlargement factor a checkpoint may allow (ServingDefaults.max_upscale); dit_service refuses more.
+MAX_UPSCALE = 16
+
+
 @dataclass(frozen=True)
 class ServingDefaults:
     """What ardit needs to serve a checkpoint that the checkpoint itself does not say (``ardit_serving.json``).
@@ -93,6 +97,14 @@ class ServingDefaults:
       ``off_after_first_exit``: the released code, where the first step outside cfg_range turns guidance off for
       good (a range that starts above 0 never guides).
 
+    max_upscale: the largest whole factor a picture may be enlarged by after decoding, so that a size above
+    max_side can still be answered (1, the default: never). A request for W x H above max_side is rendered at
+    W/f x H/f for the smallest factor f <= max_upscale that brings both sides within the default size's long side
+    (the size the model draws best; whole multiples of the size multiple), then enlarged f times
+    (ar_service.prompt.upscale_for); the answer states W x H and its pictures are W x H. For a small model trained
+    at one size (train/: 128x128) this is how OpenAI clients' fixed 512x512 and 1024x1024 requests get an honest
+    answer: the model's own 128x128 drawing, enlarged 4 or 8 times, never a size other than the one stated.
+
     knob_defaults: per-request knobs (AR or DiT stage) this checkpoint is best served with when a request leaves
     them out, over the family's defaults: e.g. a small model trained for guidance 3, not MammothModa2's 9. The
     services check names and values against the family's knob table at start-up.
@@ -107,8 +119,11 @@ class ServingDefaults:
     visual_token_scope: str = SETTING_CHOICES["visual_token_scope"][0]
     cfg_range_policy: str = SETTING_CHOICES["cfg_range_policy"][0]
     knob_defaults: dict[str, Any] = field(default_factory=dict)
+    max_upscale: int = 1
 
     def __post_init__(self) -> None:
+        if not 1 <= self.max_upscale <= MAX_UPSCALE:
+            raise ValueError(f"max_upscale must be between 1 and {MAX_UPSCALE}; got {self.max_upscale}")
         for name, choices in SETTING_CHOICES.items():
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}; got {getattr(self, name)!r}")

@@ -20,6 +20,9 @@ from pathlib import Path
 FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 16.0
 STOP_TIMEOUT_S = 10.0
+#: What `make up` lets OpenAI clients call the served model: the names they send when nobody set one
+#: (Open WebUI and LangChain: dall-e-2; dall-e-3 for clients that follow OpenAI's newer default).
+DEFAULT_ALIASES = ("dall-e-2", "dall-e-3")
 
 
 class RestartPolicy:
@@ -110,6 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gateway-port", type=int, default=8000, help="HTTP port of the gateway (default: 8000)")
     parser.add_argument("--ar-port", type=int, default=50051, help="gRPC port of ar_service (default: 50051)")
     parser.add_argument("--dit-port", type=int, default=50052, help="gRPC port of dit_service (default: 50052)")
+    parser.add_argument(
+        "--model-aliases", default=",".join(DEFAULT_ALIASES), metavar="NAMES",
+        help="comma-separated model names the gateway also accepts for the served model (the model directory's name), "
+        "for OpenAI clients that send one unasked; '' for none (default: %(default)s)",
+    )
     parser.add_argument("--max-crashes", type=int, default=5, help="give up after this many exits of one service ... (default: 5)")
     parser.add_argument("--crash-window-s", type=float, default=60.0, help="... within this many seconds (default: 60)")
     args = parser.parse_args(argv)
@@ -117,10 +125,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--max-crashes must be at least 1 and --crash-window-s positive")
 
     ar, dit = f"127.0.0.1:{args.ar_port}", f"127.0.0.1:{args.dit_port}"
+    served = args.model_dir.resolve().name
+    aliases = [name.strip() for name in args.model_aliases.split(",") if name.strip()]
+    gateway_aliases = ["--model-aliases", ",".join(f"{name}={served}" for name in aliases)] if aliases else []
     commands = {
         "dit_service": ["--port", str(args.dit_port), "--model-dir", str(args.model_dir)],
         "ar_service": ["--port", str(args.ar_port), "--model-dir", str(args.model_dir), "--dit-address", dit],
-        "gateway": ["--port", str(args.gateway_port), "--ar-address", ar, "--dit-address", dit],
+        "gateway": ["--port", str(args.gateway_port), "--ar-address", ar, "--dit-address", dit, *gateway_aliases],
     }
     services = [Service(name, command, RestartPolicy(args.max_crashes, args.crash_window_s)) for name, command in commands.items()]
 
@@ -138,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         f"gateway on http://127.0.0.1:{args.gateway_port} (ar_service {ar}, dit_service {dit}); "
         "a service that exits is restarted; Ctrl-C stops all three"
     )
+    if aliases:
+        say(f"model {served} also answers to {', '.join(aliases)} (--model-aliases)")
     exit_code = 0
     while not stopping:
         now = time.monotonic()

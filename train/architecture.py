@@ -29,8 +29,11 @@ HIDDEN = 128
 # The DiT learnt its unconditional branch from the empty condition (train.stages.train_dit), so that is what
 # guidance sends by default: no default negative prompt. MammothModa2's guidance 9 is far too strong for this
 # model (train/README.md): requests that leave the knobs out get 50 steps at guidance 3, the evaluated setting.
+# It draws at most 256x256 (and well only at 128x128, its training size); OpenAI clients send 512x512 or 1024x1024
+# unasked, so sizes above 256 are drawn at 128x128 and enlarged 4 or 8 times (max_upscale; the answer states the
+# size its pictures have).
 SERVING = ServingDefaults(default_width=128, default_height=128, max_side=256, pixels_per_token=16, default_negative_prompt="",
-                          knob_defaults={"num_inference_steps": 50, "text_guidance_scale": 3.0})
+                          knob_defaults={"num_inference_steps": 50, "text_guidance_scale": 3.0}, max_upscale=8)
 
 
 def llm_config() -> dict:

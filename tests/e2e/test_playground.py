@@ -30,6 +30,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from PIL import Image
 
 from gateway import playground
+from tests.e2e.conftest import running_stack
+from tools.local_stack import ROOT
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -157,6 +159,37 @@ def test_type_a_prompt_and_get_an_image_of_the_chosen_size(stack, browser, scree
         "prompt": "a lighthouse at dusk, oil painting", "size": "100x100", "num_inference_steps": 4}).json()
     assert page["error"].text == expected["error"]["message"]
     assert page["status"].text == "Failed."
+
+
+@pytest.fixture(scope="module")
+def shapes_stack(tmp_path_factory):
+    """The three services on the shapes model, the one `make up` serves (the README's picture is of it)."""
+    with running_stack(ROOT / "train" / "checkpoints" / "shapes", tmp_path_factory.mktemp("shapes-logs")) as running:
+        yield running
+
+
+def test_the_shapes_model_at_an_openai_client_size(shapes_stack, browser, screenshots):
+    """The shapes model at 512x512, a size OpenAI clients send: drawn at 128x128 and enlarged, streamed previews
+    and the image at the size chosen. Its ``shapes-2-done`` screenshot is docs/playground.png."""
+    page = Page(browser, screenshots, "shapes")
+    browser.set_window_size(1280, 1100)  # room for the 512x512 image and its details below the previews
+    browser.get(f"{shapes_stack.gateway_url}/")
+    page.wait(lambda: page["model"].text.startswith("model shapes"), "the model card to load")
+    assert page["size"].get_attribute("value") == "128x128"
+    offered = page.js("return [...document.querySelectorAll('#sizes option')].map(o => o.value)")
+    # the enlarged sizes are offered (max_upscale 8 of 128), 2048 (16 x 128) is not
+    assert {"512x512", "1024x1024"} <= set(offered) and "2048x2048" not in offered
+    page.fill(prompt="a small red star at the top, blue background", size="512x512", seed="7")
+    page.record_arrivals()
+    page["generate"].click()
+    page.wait(lambda: not page["generate"].is_enabled(), "the request to start")
+    page.wait_for_result()
+    page.shot("2-done")
+    assert page["error"].text == ""
+    assert page.result_size() == (512, 512)
+    if page.js("return canStream"):
+        assert set(page.previews()) == {(512, 512)}
+    browser.set_window_size(1280, 860)
 
 
 # -- the stream reader, against a stand-in that speaks OpenAI's event format ---------------------
