@@ -3,9 +3,22 @@
 
 PYTHON ?= python3
 VENV ?= .venv
-# The PyTorch requirement installed before everything else. CI pins the CPU build
-# (make test TORCH_SPEC=torch==2.13.0); GPU users keep the default or pin their CUDA build.
+# The PyTorch requirement installed before everything else; TORCH_SPEC (and TORCH_PIP_ARGS) override the choice.
+# A machine with an NVIDIA driver (nvidia-smi on PATH, or /proc/driver/nvidia) gets PyPI's CUDA build of the newest
+# torch; any other machine gets the CPU build of the release CI tests, torch 2.13.0+cpu (a few hundred MB instead of
+# several GB of CUDA libraries it cannot use). That build is not on PyPI: pip finds it in PyTorch's CPU index,
+# TORCH_CPU_INDEX, or in a wheel directory of pip's own configuration (find-links). Where neither is reachable pip
+# stops with "No matching distribution found for torch==2.13.0+cpu"; then point TORCH_CPU_INDEX at a mirror, or
+# take PyPI's CUDA build with TORCH_SPEC='torch>=2.4' TORCH_PIP_ARGS=.
+HAS_NVIDIA := $(shell if command -v nvidia-smi >/dev/null 2>&1 || [ -e /proc/driver/nvidia ]; then echo yes; fi)
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+ifeq ($(HAS_NVIDIA),yes)
 TORCH_SPEC ?= torch>=2.4
+TORCH_PIP_ARGS ?=
+else
+TORCH_SPEC ?= torch==2.13.0+cpu
+TORCH_PIP_ARGS ?= --extra-index-url $(TORCH_CPU_INDEX)
+endif
 # `make up` serves the trained shapes model (train/README.md); the random tiny model, which the tests build, is
 # one `make up MODEL_DIR=models/tiny` away.
 MODEL_DIR ?= train/checkpoints/shapes
@@ -29,7 +42,11 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)" || { \
+	  echo "make: could not install PyTorch '$(TORCH_SPEC)' (pip options: '$(TORCH_PIP_ARGS)')." >&2; \
+	  echo "make: the CPU build comes from $(TORCH_CPU_INDEX) or a local wheel directory; set TORCH_CPU_INDEX," >&2; \
+	  echo "make: or TORCH_SPEC='torch>=2.4' TORCH_PIP_ARGS= for PyPI's (CUDA) build." >&2; exit 1; }
+	$(BIN)/python -c "import torch; print('make: installed torch', torch.__version__, '(CUDA ' + str(torch.version.cuda) + ')' if torch.version.cuda else '(CPU build)')"
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
