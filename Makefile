@@ -7,7 +7,8 @@ VENV ?= .venv
 # A machine with an NVIDIA driver (nvidia-smi on PATH, or /proc/driver/nvidia) gets PyPI's CUDA build of the newest
 # torch; any other machine gets the CPU build of the release CI tests, torch 2.13.0+cpu (a few hundred MB instead of
 # several GB of CUDA libraries it cannot use). That build is not on PyPI: pip finds it in PyTorch's CPU index,
-# TORCH_CPU_INDEX, or in a wheel directory of pip's own configuration (find-links). Where neither is reachable pip
+# TORCH_CPU_INDEX (tried second, with TORCH_PIP_ARGS, so that an offline machine never waits on it), or in a wheel
+# directory of pip's own configuration (find-links; tried first). Where neither is reachable pip
 # stops with "No matching distribution found for torch==2.13.0+cpu"; then point TORCH_CPU_INDEX at a mirror, or
 # take PyPI's CUDA build with TORCH_SPEC='torch>=2.4' TORCH_PIP_ARGS=.
 HAS_NVIDIA := $(shell if command -v nvidia-smi >/dev/null 2>&1 || [ -e /proc/driver/nvidia ]; then echo yes; fi)
@@ -42,7 +43,8 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)" || { \
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)" 2>/dev/null || \
+	  $(BIN)/python -m pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)" || { \
 	  echo "make: could not install PyTorch '$(TORCH_SPEC)' (pip options: '$(TORCH_PIP_ARGS)')." >&2; \
 	  echo "make: the CPU build comes from $(TORCH_CPU_INDEX) or a local wheel directory; set TORCH_CPU_INDEX," >&2; \
 	  echo "make: or TORCH_SPEC='torch>=2.4' TORCH_PIP_ARGS= for PyPI's (CUDA) build." >&2; exit 1; }
