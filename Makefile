@@ -3,9 +3,23 @@
 
 PYTHON ?= python3
 VENV ?= .venv
-# The PyTorch requirement installed before everything else. CI pins the CPU build
-# (make test TORCH_SPEC=torch==2.13.0); GPU users keep the default or pin their CUDA build.
+# The PyTorch requirement installed before everything else; TORCH_SPEC (and TORCH_PIP_ARGS) override the choice.
+# A machine with an NVIDIA driver (nvidia-smi on PATH, or /proc/driver/nvidia) gets PyPI's CUDA build of the newest
+# torch; any other machine gets the CPU build of the release CI tests, torch 2.13.0+cpu (a few hundred MB instead of
+# several GB of CUDA libraries it cannot use). That build is not on PyPI: pip finds it in PyTorch's CPU index,
+# TORCH_CPU_INDEX (tried second, with TORCH_PIP_ARGS, so that an offline machine never waits on it), or in a wheel
+# directory of pip's own configuration (find-links; tried first). Where neither is reachable pip
+# stops with "No matching distribution found for torch==2.13.0+cpu"; then point TORCH_CPU_INDEX at a mirror, or
+# take PyPI's CUDA build with TORCH_SPEC='torch>=2.4' TORCH_PIP_ARGS=.
+HAS_NVIDIA := $(shell if command -v nvidia-smi >/dev/null 2>&1 || [ -e /proc/driver/nvidia ]; then echo yes; fi)
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+ifeq ($(HAS_NVIDIA),yes)
 TORCH_SPEC ?= torch>=2.4
+TORCH_PIP_ARGS ?=
+else
+TORCH_SPEC ?= torch==2.13.0+cpu
+TORCH_PIP_ARGS ?= --extra-index-url $(TORCH_CPU_INDEX)
+endif
 # `make up` serves the trained shapes model (train/README.md); the random tiny model, which the tests build, is
 # one `make up MODEL_DIR=models/tiny` away.
 MODEL_DIR ?= train/checkpoints/shapes
@@ -22,14 +36,19 @@ CHECKOV_SPEC ?= checkov==3.3.30
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint install model protos checkov clean
+.PHONY: up test test-newest-torch lint install model protos checkov clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)" 2>/dev/null || \
+	  $(BIN)/python -m pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)" || { \
+	  echo "make: could not install PyTorch '$(TORCH_SPEC)' (pip options: '$(TORCH_PIP_ARGS)')." >&2; \
+	  echo "make: the CPU build comes from $(TORCH_CPU_INDEX) or a local wheel directory; set TORCH_CPU_INDEX," >&2; \
+	  echo "make: or TORCH_SPEC='torch>=2.4' TORCH_PIP_ARGS= for PyPI's (CUDA) build." >&2; exit 1; }
+	$(BIN)/python -c "import torch; print('make: installed torch', torch.__version__, '(CUDA ' + str(torch.version.cuda) + ')' if torch.version.cuda else '(CPU build)')"
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
@@ -52,6 +71,19 @@ up: install model
 test: install model checkov
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
+# The kernel and model tests again, in an environment of their own with the newest torch (and the triton it brings
+# or pyproject.toml allows) that the indexes offer: CI's check that a newer release than the pin keeps them passing.
+NEWEST_VENV ?= .venv-newest
+NEWEST_TORCH_SPEC ?= torch>=2.4
+NEWEST_TESTS ?= tests/ar_service/test_fp8_ar.py tests/ar_service/test_decode_kernels.py \
+	tests/ar_service/test_static_decode.py tests/ar_service/test_ar_model.py tests/servicekit/test_fp8.py \
+	tests/servicekit/test_fp8_kernels.py tests/dit_service/test_fp8_dit.py tests/dit_service/test_qk_rope_kernel.py \
+	tests/dit_service/test_transformer.py
+
+test-newest-torch: model
+	$(MAKE) install VENV=$(NEWEST_VENV) TORCH_SPEC="$(NEWEST_TORCH_SPEC)"
+	$(NEWEST_VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS) $(NEWEST_TESTS)
+
 # ruff (pyflakes, pycodestyle, isort, bugbear, pyupgrade) over the tree, mypy over the five packages;
 # both configured in pyproject.toml.
 lint: install
@@ -62,4 +94,4 @@ protos: install
 	$(BIN)/python -m protos.generate
 
 clean:
-	rm -rf $(VENV) $(CHECKOV_VENV) $(TINY_DIR)
+	rm -rf $(VENV) $(CHECKOV_VENV) $(NEWEST_VENV) $(TINY_DIR)
