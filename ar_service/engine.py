@@ -153,7 +153,8 @@ class Job:
             if sent is not None:
                 self.add_timings(condition_transfer_ms=(time.perf_counter() - sent) * 1e3)
         elif isinstance(event, events.RenderDone):
-            wanted = ("dit_queue_ms", "denoise_ms", "vae_decode_ms", "encode_ms", "preview_ms", "transformer_calls")
+            wanted = ("dit_queue_ms", "denoise_ms", "vae_decode_ms", "encode_ms", "preview_ms", "transformer_calls",
+                      "dit_steps_computed", "dit_steps_skipped")
             self.add_timings(**{key: event.timings.get(key, 0) for key in wanted})
             with self._lock:
                 self._renders_done += 1

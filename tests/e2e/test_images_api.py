@@ -87,6 +87,15 @@ def test_response_reports_stage_timings_and_guidance_calls(stack):
     assert narrow["timings"]["transformer_calls"] == 6
     off = generate(stack, seed=3, text_guidance_scale=1.0).json()
     assert off["timings"]["transformer_calls"] == 4
+    assert (off["timings"]["dit_steps_computed"], off["timings"]["dit_steps_skipped"]) == (4, 0)
+
+
+def test_step_caching_counts_reach_the_client(stack):
+    """The DiT's computed and skipped step counts travel back through the AR and the gateway."""
+    body = generate(stack, seed=3, num_inference_steps=12, dit_cache_threshold=1.0).json()
+    timings = body["timings"]
+    assert timings["dit_steps_computed"] + timings["dit_steps_skipped"] == 12
+    assert timings["dit_steps_skipped"] > 0
 
 
 def test_guidance_and_steps_change_the_image(stack):
