@@ -30,6 +30,7 @@ import grpc
 import torch
 
 from ar_service import events
+from ar_service.decoding import DEFAULT_ROW_WINDOW, DEFAULT_SPEC_WINDOW, SEQUENTIAL, SPECULATIVE, Decoding
 from ar_service.generation import (
     ALL_GENERATED,
     PREFILL_MEMO_ENTRIES,
@@ -96,6 +97,7 @@ class ImagePlan:
     text_positions: int
     image_positions: int
     partial_images: int = 0  # previews per image the renderer sends (StreamImage)
+    decoding: Decoding = field(default_factory=Decoding)  # how many tokens a forward may decide (ar_decoding)
 
 
 @dataclass
@@ -322,6 +324,9 @@ class AREngine:
             static.lookahead = decode_lookahead
             decoder = SlotDecoder(static)
         self.decoder = decoder or EagerDecoder(loaded.model, rows)
+        if self.ar_defaults.get("ar_decoding", SEQUENTIAL) != SEQUENTIAL and not isinstance(self.decoder, EagerDecoder):
+            raise ValueError(f"the checkpoint's default ar_decoding {self.ar_defaults['ar_decoding']!r} needs the eager "
+                             "decoder; fast_decode decodes one token per forward")
         self._lock = threading.RLock()  # re-entered when a cancel inside the worker wakes the worker
         self._wake = threading.Condition(self._lock)
         self._waiting: deque[Job] = deque()  # admitted, not started (guarded by _lock)
@@ -443,6 +448,7 @@ class AREngine:
         config, scope = self.loaded.config, self.choices.condition_scope
         end = question_end(len(prompt_ids), grid, scope)
         text_positions = int(text_condition_mask(prompt_ids, config, end).sum())
+        decoding = self._decoding(ar_knobs, ar_given)
         return ImagePlan(
             request_id=request_id or f"img-{uuid.uuid4().hex}",
             model=self.model_id,
@@ -463,7 +469,25 @@ class AREngine:
             text_positions=text_positions,
             image_positions=image_condition_positions(prompt_ids, grid, scope, config),
             partial_images=partial_images,
+            decoding=decoding,
         )
+
+    def _decoding(self, ar_knobs: dict[str, Any], given: dict[str, Any]) -> Decoding:
+        """The request's decoding mode (knobs ``ar_decoding``, ``ar_decoding_window``), checked against the decoder."""
+        mode, window = ar_knobs["ar_decoding"], ar_knobs["ar_decoding_window"]
+        if mode == SEQUENTIAL:
+            if window > 1 and "ar_decoding_window" in given:
+                raise RequestRejected(
+                    "'ar_decoding_window' applies to ar_decoding 'speculative' and 'row_parallel'; sequential decoding "
+                    "feeds one token per forward", param="ar_decoding_window",
+                )
+            return Decoding()
+        if not isinstance(self.decoder, EagerDecoder):
+            raise RequestRejected(
+                f"'ar_decoding' {mode!r} is not available on this server: it decodes in fixed CUDA-graph slots "
+                "(fast_decode), one token per forward; accepted here: 'sequential'", param="ar_decoding",
+            )
+        return Decoding(mode, window or (DEFAULT_SPEC_WINDOW if mode == SPECULATIVE else DEFAULT_ROW_WINDOW))
 
     def _check_size(self, width: int, height: int) -> tuple[int, int, int]:
         """(width, height, factor) of the answer: the model renders width/factor x height/factor (prompt.upscale_for)."""
@@ -754,6 +778,7 @@ class AREngine:
                 image_end_id=self.choices.image_end_id,
                 on_window=None if session is None else (lambda hidden: session.send_condition("image", 0, hidden)),
                 memo=self.memo,
+                decoding=plan.decoding,
             )
         job.add_timings(ar_prefill_ms=stream.prefill_ms)
         if session is not None:
@@ -784,12 +809,13 @@ class AREngine:
         feed = [slot for slot in feed if not slot.job.cancelled.is_set()]
         if feed:
             with stage(self.profiler, "ar.decode_step"):
-                tokens, hidden = self.decoder.step([slot.stream for slot in feed])
-            for b, slot in enumerate(feed):
+                shares = self.decoder.step([slot.stream for slot in feed])
+            for slot, share in zip(feed, shares, strict=True):
                 if slot.job.cancelled.is_set():
                     continue
                 try:
-                    slot.stream.accept(hidden[b], tokens[b])
+                    committed = slot.stream.advance(share)
+                    self.metrics.count_forward(slot.stream.decoding.mode, committed)
                 except ConditionLengthError as exc:
                     log.error("request %s: %s", slot.job.plan.request_id, exc)
                     self._fail(slot.job, RequestRejected(f"AR condition is malformed: {exc}", code=grpc.StatusCode.INTERNAL))
@@ -806,7 +832,8 @@ class AREngine:
         tracing.end_span(slot.decode_span, tokens=len(stream.tokens))
         slot.decode_span = None
         self._set_running([s for s in self._running if s is not slot])
-        job.add_timings(ar_decode_ms=decode_s * 1e3, ar_tokens=len(stream.tokens))
+        job.add_timings(ar_decode_ms=decode_s * 1e3, ar_tokens=len(stream.tokens), ar_forwards=stream.forwards)
+        self.metrics.tokens_per_forward.labels(stream.decoding.mode).observe(len(stream.tokens) / max(1, stream.forwards))
         if slot.session is not None:
             slot.session.finish()
             job.end_sent(slot.index)

@@ -21,6 +21,7 @@ from typing import TypeVar, cast
 
 import torch
 
+from ar_service.decoding import SEQUENTIAL, Decoding, Forwarded, Lane
 from ar_service.model.configuration import ARConfig
 from ar_service.model.modeling import KVCache, MammothModa2AR
 from ar_service.model.static_decode import StaticDecoder
@@ -93,6 +94,7 @@ class GridResult:
     image_condition: torch.Tensor  # [grid.condition_positions, H]
     prefill_ms: float
     decode_ms: float
+    forwards: int = 0  # decode forwards (steps) the grid took
 
 
 def prompt_ids_for(tokenizer, prompt: str, grid: Grid) -> list[int]:
@@ -362,11 +364,13 @@ class DecodeStream:
         image_end_id: int | None = None,
         on_window: WindowCallback | None = None,
         memo: PrefillMemo | None = None,
+        decoding: Decoding | None = None,
     ) -> None:
         """``reserve``: size the prefill cache for the whole grid (the eager decoder grows it in place);
         a slot decoder copies the prompt's K/V into its own cache, so it needs only the prompt. ``guidance``: the
         AR guidance scale (<= 1: off). ``image_end_id``: ``<|image end|>``, needed by the ``answer_window`` scope.
-        ``memo``: keeps the unconditional row's prefill for the next image of the same size."""
+        ``memo``: keeps the unconditional row's prefill for the next image of the same size. ``decoding``: how many
+        tokens a forward may decide (``ar_service.decoding``; default sequential)."""
         total = len(prompt_ids) + grid.decode_tokens
         if total > model.config.max_position_embeddings:
             raise ValueError(
@@ -406,6 +410,12 @@ class DecodeStream:
         self.slot: int | None = None  # a slot decoder's row, while the stream holds one
         self.row_len = grid.width + 1
         self._row = torch.empty(self.row_len, model.config.hidden_size, dtype=model.dtype, device=model.device)
+        # What forwards made final and the stream has not committed yet, by raster index (``advance``).
+        self.ready_hidden: dict[int, torch.Tensor] = {}
+        self.ready_tokens: dict[int, int] = {}
+        self.forwards = 0  # decode forwards this stream took part in
+        self.decoding = decoding or Decoding()
+        self.state = self.decoding.start(self)
 
     @property
     def done(self) -> bool:
@@ -433,6 +443,8 @@ class DecodeStream:
         if self._complete:
             return False
         if self.next_token is None:
+            if self.state.may_stall and self.tokens:
+                return True  # the last forward committed nothing: the same token still waits for its forward
             raise RuntimeError("no token drawn: accept() the last forward first")
         self.tokens.append(self.next_token)
         self.next_token = None
@@ -459,6 +471,29 @@ class DecodeStream:
         """How many positions the unconditional row's sequence lies behind this one's (guided streams only)."""
         assert self.uncond is not None, "only a guided stream has an unconditional row"
         return self.prompt_len - self.uncond.prompt_len
+
+    def lanes(self) -> list[Lane]:
+        """The tokens this stream feeds in the next forward (its decoding mode's choice; the first is the token
+        ``sample()`` appended)."""
+        return self.state.lanes()
+
+    def advance(self, share: Forwarded) -> int:
+        """Takes this stream's rows of a decode step (``Forwarded``) and commits, in raster order, every token that
+        is now final (hidden state and the token drawn after it); returns how many it committed."""
+        self.forwards += 1
+        self.state.take(share.lanes, share.hidden, share.tokens)
+        committed = 0
+        while True:
+            last = len(self.tokens) - 1
+            if last not in self.ready_hidden or last + 1 not in self.ready_tokens:
+                break
+            self.accept(self.ready_hidden.pop(last), self.ready_tokens.pop(last + 1))
+            committed += 1
+            if self._complete or last + 1 not in self.ready_hidden or last + 2 not in self.ready_tokens:
+                break
+            if not self.sample():
+                break
+        return committed
 
     def accept(self, hidden: torch.Tensor, next_token: int) -> None:
         """Takes this stream's row of a decode forward: the fed token's hidden state [H] and the token it drew."""
@@ -505,9 +540,11 @@ def _step_rows(streams: list[DecodeStream], feeds: list[tuple[int, int]], steps:
 
 
 class EagerDecoder:
-    """Each stream keeps its own growing KVCache; every step is one forward padded to ``pad_to`` rows (the
-    CPU path: batch-invariant to the bit, see ``MammothModa2AR.decode``), then the row-wise sampler. A guided
-    stream's unconditional row is one more row of the same forward."""
+    """Each stream keeps its own growing KVCache; a step feeds every stream's lanes (``DecodeStream.lanes``: one
+    token, or several under a parallel decoding mode), each lane writing its K/V at its own cache index. The rows
+    run as forwards of ``pad_to`` rows each (the CPU path: batch-invariant to the bit, see ``MammothModa2AR.decode``;
+    a stream's lanes keep their order across the forwards, so a lane sees those before it), then the row-wise
+    sampler over all of them. A guided stream's unconditional row feeds the same lanes in its own cache."""
 
     reserve = True
 
@@ -523,24 +560,57 @@ class EagerDecoder:
             stream.uncond.cache = None
 
     @torch.inference_mode()
-    def step(self, streams: list[DecodeStream]) -> tuple[list[int], torch.Tensor]:
-        """One forward for ``streams``: (the token each drew, hidden states [B, H])."""
-        n = len(streams)
-        places, caches = [], [s.cache for s in streams]
-        for s in streams:  # unconditional rows follow the streams' rows, in the streams' order
-            places.append(None if s.uncond is None else len(caches))
+    def step(self, streams: list[DecodeStream]) -> list[Forwarded]:
+        """One decode step for ``streams``: what each stream's lanes gave (``DecodeStream.advance`` takes it)."""
+        ids: list[int] = []
+        positions: list[int] = []
+        indexes: list[int] = []
+        caches: list[KVCache] = []
+        draws: list[Draw] = []
+        shares: list[tuple[int, list[Lane]]] = []  # (first row, lanes) of each stream
+
+        def add(token: int, position: int, index: int, cache: KVCache | None, draw: Draw) -> None:
+            assert cache is not None, "a stream decodes with its cache until it is released"
+            ids.append(token)
+            positions.append(position)
+            indexes.append(index)
+            caches.append(cache)
+            draws.append(draw)
+
+        for s in streams:
+            lanes = s.lanes()
+            if not lanes:
+                raise RuntimeError("a stream that goes on must feed at least one token")
+            first = len(ids)
+            shares.append((first, lanes))
+            for lane in lanes:
+                add(lane.token, lane.position, lane.cache_index, s.cache, s.draw_at(lane.step))
             if s.uncond is not None:
-                caches.append(s.uncond.cache)
-        ids, positions, draws = _step_rows(streams, [s.feed for s in streams], [len(s.tokens) for s in streams], places)
-        logits, hidden = self.model.decode(ids, positions, caches, pad_to=self.pad_to)
-        rows = RowSampling.build(draws, logits.device)
-        return sample_rows(logits, self.model.config.gen_vocab_start_index, rows)[:n].tolist(), hidden[:n]
+                offset = s.uncond_offset
+                for j, lane in enumerate(lanes):
+                    add(lane.token, lane.position - offset, lane.cache_index - offset, s.uncond.cache, draws[first + j])
+                    # drawn too, and thrown away: the unconditional row feeds its image's token
+                    draws[first + j] = guided(draws[first + j], s.guidance, len(ids) - 1)
+        logits, hidden = [], []
+        for start in range(0, len(ids), self.pad_to):
+            end = start + self.pad_to
+            part = self.model.decode(ids[start:end], positions[start:end], caches[start:end], pad_to=self.pad_to,
+                                     indexes=indexes[start:end])
+            logits.append(part[0])
+            hidden.append(part[1])
+        every = torch.cat(logits) if len(logits) > 1 else logits[0]
+        states = torch.cat(hidden) if len(hidden) > 1 else hidden[0]
+        rows = RowSampling.build(draws, every.device)
+        tokens = sample_rows(every, self.model.config.gen_vocab_start_index, rows).tolist()
+        return [Forwarded(lanes, states[first : first + len(lanes)], tokens[first : first + len(lanes)])
+                for first, lanes in shares]
 
 
 class SlotDecoder:
     """Streams decode in the fixed slots of a ``StaticDecoder`` (CUDA graphs, sampling inside): a stream takes a
     slot after its prefill (two when guided: its unconditional row takes another) and must give them back
-    (``release``) when it finishes, fails or is cancelled."""
+    (``release``) when it finishes, fails or is cancelled. One token per stream and step: a slot is one row
+    (parallel decoding modes run on the ``EagerDecoder``)."""
 
     reserve = False
 
@@ -548,6 +618,9 @@ class SlotDecoder:
         self.static = static
 
     def admit(self, stream: DecodeStream) -> None:
+        if stream.decoding.mode != SEQUENTIAL:
+            raise ValueError(f"the slot decoder decodes one token per forward; ar_decoding {stream.decoding.mode} "
+                             "needs the eager decoder")
         stream.slot = self.static.admit(stream.cache)
         stream.cache = None
         if stream.uncond is not None:
@@ -577,8 +650,9 @@ class SlotDecoder:
         return slots, ids, positions, draws
 
     @torch.inference_mode()
-    def step(self, streams: list[DecodeStream]) -> tuple[list[int], torch.Tensor]:
+    def step(self, streams: list[DecodeStream]) -> list[Forwarded]:
         n = len(streams)
+        lanes = [s.lanes() for s in streams]
         tokens, hidden = self.static.step(*self._rows(streams, [s.feed for s in streams], [len(s.tokens) for s in streams]))
         tokens, hidden = tokens[:n], hidden[:n]
         if self.static.lookahead:
@@ -590,7 +664,7 @@ class SlotDecoder:
                     [(token, s.feed[1] + 1) for s, token in going],
                     [len(s.tokens) + 1 for s, _ in going],
                 ))
-        return tokens, hidden
+        return [Forwarded(lane, hidden[b : b + 1], [tokens[b]]) for b, lane in enumerate(lanes)]
 
     @staticmethod
     def _slot(stream: DecodeStream) -> int:
@@ -621,9 +695,8 @@ def decode_together(
                 decoder.release(stream)
         running = feed
         if feed:
-            tokens, hidden = decoder.step(feed)
-            for b, stream in enumerate(feed):
-                stream.accept(hidden[b], tokens[b])
+            for stream, share in zip(feed, decoder.step(feed), strict=True):
+                stream.advance(share)
         steps += 1
     for stream in running if release_unfinished else []:
         decoder.release(stream)
@@ -649,10 +722,11 @@ def generate_grid(
     condition_scope: str = ALL_GENERATED,
     image_end_id: int | None = None,
     memo: PrefillMemo | None = None,
+    decoding: Decoding | None = None,
 ) -> GridResult:
     """Decode the grid of one image alone (the engine's batched loop, batch of one); `on_prefill(text_condition)`
     fires before decoding. ``decoder`` defaults to an ``EagerDecoder(pad_to)``. ``guidance``, ``condition_scope``,
-    ``image_end_id`` and ``memo`` as ``DecodeStream`` takes them."""
+    ``image_end_id``, ``memo`` and ``decoding`` as ``DecodeStream`` takes them."""
     decoder = decoder or EagerDecoder(model, pad_to)
     rows: list[torch.Tensor] = []
 
@@ -662,7 +736,8 @@ def generate_grid(
             on_row(row, hidden, ids)
 
     stream = DecodeStream(model, prompt_ids, grid, t2i, sampling, seed, keep_row, prefix_ids, prefix, decoder.reserve,
-                          guidance=guidance, condition_scope=condition_scope, image_end_id=image_end_id, memo=memo)
+                          guidance=guidance, condition_scope=condition_scope, image_end_id=image_end_id, memo=memo,
+                          decoding=decoding)
     if on_prefill is not None:
         on_prefill(stream.text_condition)
     decoder.admit(stream)
@@ -674,8 +749,8 @@ def generate_grid(
                 raise GenerationCancelled(f"stopped after {i} of {grid.decode_tokens} tokens")
             if not stream.sample():
                 break
-            tokens, hidden = decoder.step([stream])
-            stream.accept(hidden[0], tokens[0])
+            (share,) = decoder.step([stream])
+            stream.advance(share)
             i += 1
     finally:
         decoder.release(stream)
@@ -684,4 +759,4 @@ def generate_grid(
         image = stream.image_condition
     else:
         image = torch.cat(rows, dim=0) if rows else torch.empty(0, model.config.hidden_size, dtype=model.dtype)
-    return GridResult(stream.tokens, stream.text_condition, image, stream.prefill_ms, decode_ms)
+    return GridResult(stream.tokens, stream.text_condition, image, stream.prefill_ms, decode_ms, stream.forwards)

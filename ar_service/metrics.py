@@ -32,12 +32,29 @@ class EngineMetrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
             registry=r,
         )
+        self.decode_forwards = Counter(
+            "ardit_ar_decode_forwards", "decode forwards an image stream took part in (by ar_decoding mode)",
+            ["decoding"], registry=r,
+        )
+        self.decoded_tokens = Counter(
+            "ardit_ar_decoded_tokens", "visual-grid tokens made final by decode forwards (by ar_decoding mode)",
+            ["decoding"], registry=r,
+        )
+        self.tokens_per_forward = Histogram(
+            "ardit_ar_tokens_per_forward", "an image's decoded tokens over its decode forwards (by ar_decoding mode)",
+            ["decoding"], buckets=(1, 1.5, 2, 3, 4, 6, 8, 12, 16, 32, 64), registry=r,
+        )
         self.prefill_memo = Counter(
             "ardit_ar_prefill_memo_lookups",
             "lookups of a repeated prefill kept by its token ids (kind: negative or unconditional; result: hit or miss)",
             ["kind", "result"],
             registry=r,
         )
+
+    def count_forward(self, decoding: str, committed: int) -> None:
+        """One image stream's share of a decode forward, and the tokens it made final."""
+        self.decode_forwards.labels(decoding).inc()
+        self.decoded_tokens.labels(decoding).inc(committed)
 
     def count_prefill_memo(self, kind: str, hit: bool) -> None:
         self.prefill_memo.labels(kind, "hit" if hit else "miss").inc()

@@ -171,6 +171,16 @@ MAMMOTHMODA2_KNOBS = KnobTable(
              minimum=1, maximum=1_000_000),
         Knob("top_p", "float", "ar", "AR nucleus sampling mass. Default: the checkpoint's.",
              minimum=0.0, maximum=1.0, exclusive_minimum=True),
+        Knob("ar_decoding", "string", "ar",
+             "How many visual tokens an AR forward decides: 'sequential' (one), 'speculative' (lossless: drafts a "
+             "window of tokens and keeps those the model itself draws, so the grid is the sequential one for the same "
+             "seed in fewer forwards), 'row_parallel' (lossy: each grid row starts once the row above has "
+             "ar_decoding_window tokens). docs/speed-modes.md has the measured trade-offs.",
+             default="sequential", choices=("sequential", "speculative", "row_parallel")),
+        Knob("ar_decoding_window", "int", "ar",
+             "Tokens a speculative forward feeds per image (default 8), or the lead of a grid row over the next in "
+             "row_parallel decoding (default 4); 0 = the mode's default. Not for sequential decoding.",
+             default=0, minimum=0, maximum=64),
         Knob("ar_cfg_scale", "float", "ar",
              "AR classifier-free guidance: each image decodes a second row that sees only the last 10 prompt tokens, "
              "and every draw uses uncond + scale * (cond - uncond) before temperature, top-k and top-p; 1 turns it "

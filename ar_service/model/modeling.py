@@ -60,6 +60,31 @@ class KVCache:
         buf_v[:, :, start:end] = v
         return buf_k[:, :, :end], buf_v[:, :, :end]
 
+    def write(self, layer: int, index: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store one position's k/v [1, kv_heads, 1, D] at ``index`` (a decode lane writes where its token sits in
+        the sequence, which may lie past ``length``: a draft the stream has not accepted yet)."""
+        end = index + 1
+        while len(self._k) <= layer:
+            self._k.append(None)
+            self._v.append(None)
+        buf_k, buf_v = self._k[layer], self._v[layer]
+        if buf_k is None or buf_v is None or buf_k.shape[2] < end:  # allocate, or grow keeping what is there
+            size = max(end, self.capacity, 2 * (0 if buf_k is None else buf_k.shape[2]))
+            new_k = k.new_zeros(k.shape[0], k.shape[1], size, k.shape[3])
+            new_v = v.new_zeros(v.shape[0], v.shape[1], size, v.shape[3])
+            if buf_k is not None and buf_v is not None:
+                new_k[:, :, : buf_k.shape[2]] = buf_k
+                new_v[:, :, : buf_v.shape[2]] = buf_v
+            self._k[layer], self._v[layer] = buf_k, buf_v = new_k, new_v
+        buf_k[:, :, index:end] = k
+        buf_v[:, :, index:end] = v
+
+    def view(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first ``end`` positions' k/v of ``layer``."""
+        buf_k, buf_v = self._k[layer], self._v[layer]
+        assert buf_k is not None and buf_v is not None, "a layer is viewed after it was written"
+        return buf_k[:, :, :end], buf_v[:, :, :end]
+
     def advance(self, tokens: int) -> None:
         """Called once per forward, after every layer appended its `tokens` new positions."""
         self.length += tokens
@@ -170,11 +195,14 @@ class Attention(nn.Module):
         out = out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
         return self._proj("o_proj", out, route, is_gen)
 
-    def decode(self, x, cos, sin, route, is_gen, caches: list[KVCache]) -> torch.Tensor:
+    def decode(self, x, cos, sin, route, is_gen, caches: list[KVCache], indexes: list[int] | None = None) -> torch.Tensor:
         """One new token per row of ``x`` [P, 1, H]; row b < len(caches) belongs to caches[b], the rest is padding.
 
         Projections run over all P rows at once; attention runs per stream over its own cache (padding rows
-        attend to nothing and stay zero), so a row's result does not depend on the other rows.
+        attend to nothing and stay zero), so a row's result does not depend on the other rows. With ``indexes``
+        (decode lanes: several rows may share a cache), row b writes its k/v at ``indexes[b]`` of its cache and
+        attends to the positions up to it; every row writes before any attends, so a lane sees the lanes before it
+        in the same forward.
         """
         p = x.shape[0]
         q = self._proj("q_proj", x, route, is_gen).view(p, 1, self.heads, self.head_dim).transpose(1, 2)
@@ -183,7 +211,13 @@ class Attention(nn.Module):
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         out = q.new_zeros(p, self.heads, 1, self.head_dim)
-        for b, cache in enumerate(caches):
+        if indexes is not None:
+            for b, (cache, index) in enumerate(zip(caches, indexes, strict=True)):
+                cache.write(self.layer_idx, index, k[b : b + 1], v[b : b + 1])
+            for b, (cache, index) in enumerate(zip(caches, indexes, strict=True)):
+                kb, vb = cache.view(self.layer_idx, index + 1)
+                out[b : b + 1] = F.scaled_dot_product_attention(q[b : b + 1], kb, vb, enable_gqa=True)
+        for b, cache in enumerate(caches if indexes is None else ()):
             kb, vb = cache.append(self.layer_idx, k[b : b + 1], v[b : b + 1])
             out[b : b + 1] = F.scaled_dot_product_attention(q[b : b + 1], kb, vb, enable_gqa=True)
         out = out.transpose(1, 2).reshape(p, 1, self.heads * self.head_dim)
@@ -205,8 +239,8 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, route, is_gen, cache)
         return x + _route(self.post_attention_layernorm(x), route, is_gen, self.mlp, self.gen_mlp)
 
-    def decode(self, x, cos, sin, route, is_gen, caches: list[KVCache]) -> torch.Tensor:
-        x = x + self.self_attn.decode(self.input_layernorm(x), cos, sin, route, is_gen, caches)
+    def decode(self, x, cos, sin, route, is_gen, caches: list[KVCache], indexes: list[int] | None = None) -> torch.Tensor:
+        x = x + self.self_attn.decode(self.input_layernorm(x), cos, sin, route, is_gen, caches, indexes)
         return x + _route(self.post_attention_layernorm(x), route, is_gen, self.mlp, self.gen_mlp)
 
 
@@ -267,10 +301,12 @@ class TextModel(nn.Module):
         return x, route, is_gen, cos, sin
 
     def decode(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, caches: list[KVCache], keep: tuple[int, ...] | None
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, caches: list[KVCache], keep: tuple[int, ...] | None,
+        indexes: list[int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One decode token for each of ``len(caches)`` streams, ``input_ids``/``position_ids`` [P, 1] with P >= that
-        many rows (the rest padding): same outputs as ``forward`` but each stream over its own cache."""
+        many rows (the rest padding): same outputs as ``forward`` but each stream over its own cache. With
+        ``indexes`` (see ``Attention.decode``) no cache advances: the caller says what its lanes' caches hold."""
         x, route, is_gen, cos, sin = self._inputs(input_ids, position_ids)
         n = len(self.layers)
         wanted = None if keep is None else {i % (n + 1) for i in keep}
@@ -278,8 +314,8 @@ class TextModel(nn.Module):
         for i, layer in enumerate(cast("Iterable[DecoderLayer]", self.layers)):  # nn.ModuleList yields plain Modules
             if wanted is not None and i in wanted:
                 kept[i] = x
-            x = layer.decode(x, cos, sin, route, is_gen, caches)
-        for cache in caches:
+            x = layer.decode(x, cos, sin, route, is_gen, caches, indexes)
+        for cache in caches if indexes is None else ():
             cache.advance(1)
         return self._outputs(x, keep, kept)
 
@@ -346,7 +382,8 @@ class MammothModa2AR(nn.Module):
         return self.logits(h, t2i=t2i), condition
 
     def decode(
-        self, input_ids: list[int], positions: list[int], caches: list[KVCache], pad_to: int = 0
+        self, input_ids: list[int], positions: list[int], caches: list[KVCache], pad_to: int = 0,
+        indexes: list[int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One batched decode token for B streams, each with its own cache: returns (float32 logits over the
         generation vocabulary [B, gen_vocab_size], i.e. ids from ``gen_vocab_start_index``, and condition hidden
@@ -357,9 +394,12 @@ class MammothModa2AR(nn.Module):
         so that every matmul has the same shape however many streams are real: CPU BLAS may pick another
         kernel, and so round differently, for another row count, and a stream's result must not depend on
         what it is batched with.
+
+        ``indexes``: decode lanes, several rows of one stream in one forward (``Attention.decode``); row b then
+        writes at ``indexes[b]`` of ``caches[b]`` (RoPE still at ``positions[b]``) and no cache advances.
         """
         b = len(caches)
-        if not b or len(input_ids) != b or len(positions) != b:
+        if not b or len(input_ids) != b or len(positions) != b or (indexes is not None and len(indexes) != b):
             raise ValueError("decode needs one id, one position and one cache per stream")
         rows = max(b, pad_to)
         pad = rows - b
@@ -367,7 +407,7 @@ class MammothModa2AR(nn.Module):
         ids = torch.tensor(list(input_ids) + [self.config.gen_vocab_start_index] * pad, dtype=torch.long, device=device)
         pos = torch.tensor(list(positions) + [0] * pad, dtype=torch.long, device=device)
         final, condition = self.model.language_model.decode(
-            ids[:, None], pos[:, None], caches, self.config.condition_layers
+            ids[:, None], pos[:, None], caches, self.config.condition_layers, indexes
         )
         return self.gen_head(final[:b, 0]).float(), condition[:b, 0]
 

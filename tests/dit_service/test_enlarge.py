@@ -10,8 +10,9 @@ import pytest
 import torch
 from PIL import Image
 
-from dit_service.engine import MAX_ANSWERED_PIXELS, DiTEngine, FinishedImage
+from dit_service.engine import DiTEngine, FinishedImage
 from dit_service.imaging import enlarge
+from dit_service.planning import MAX_ANSWERED_PIXELS
 from protos.knobs import FAMILIES
 from protos.status import RequestRejected
 from servicekit.checkpoint import MAX_UPSCALE, SERVING_FILE, ServingDefaults, _read_serving
