@@ -98,6 +98,19 @@ def test_step_caching_counts_reach_the_client(stack):
     assert timings["dit_steps_skipped"] > 0
 
 
+def test_speculative_decoding_gives_the_same_image_in_fewer_ar_forwards(stack):
+    sequential = generate(stack, seed=8, size="128x128").json()
+    fast = generate(stack, seed=8, size="128x128", ar_decoding="speculative").json()
+    assert image_bytes(fast["data"][0]) == image_bytes(sequential["data"][0])
+    assert fast["timings"]["ar_tokens"] == sequential["timings"]["ar_tokens"] == 8 * 9 + 1
+    assert fast["timings"]["ar_forwards"] < sequential["timings"]["ar_forwards"] == 8 * 9
+    lossy = generate(stack, seed=8, size="128x128", ar_decoding="row_parallel", ar_decoding_window=2).json()
+    assert lossy["timings"]["ar_forwards"] < sequential["timings"]["ar_forwards"] / 2
+    refused = generate(stack, seed=8, ar_decoding="jacobi")
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "ar_decoding" and "row_parallel" in refused.json()["error"]["message"]
+
+
 def test_guidance_and_steps_change_the_image(stack):
     base = image_bytes(generate(stack, seed=9, text_guidance_scale=4.0).json()["data"][0])
     assert image_bytes(generate(stack, seed=9, text_guidance_scale=2.0).json()["data"][0]) != base

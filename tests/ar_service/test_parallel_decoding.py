@@ -1,0 +1,265 @@
+"""Parallel AR decoding on the real tiny model (``ar_decoding``): the speculative mode decides several tokens per
+forward and still draws the sequential grid (greedy and sampled, with AR guidance, top-k, top-p, temperature, alone
+and batched); the row-parallel mode keeps the grid contract in fewer forwards; the engine takes the knobs, reports
+the forwards and refuses what its decoder cannot do."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from ar_service import events
+from ar_service.decoding import Decoding, Speculative
+from ar_service.generation import (
+    DecodeStream,
+    EagerDecoder,
+    GenerationCancelled,
+    build_prefix_cache,
+    decode_together,
+    generate_grid,
+    prompt_ids_for,
+    system_prefix_ids,
+)
+from ar_service.model.loading import load_ar
+from ar_service.prompt import grid_for_size
+from ar_service.sampling import SamplingParams
+from protos.status import RequestRejected
+from tests.ar_service.test_ar_batching import FakeRenderer, conditions, make_engine, wait_done
+
+SPECULATIVE = [Decoding("speculative", 2), Decoding("speculative", 8), Decoding("speculative", 24)]
+ROW_PARALLEL = [Decoding("row_parallel", 1), Decoding("row_parallel", 3)]
+GRID = grid_for_size(128, 96, 16)  # 8 x 6 visual tokens: 6 rows of 9 and the look-ahead, 55 tokens
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_root):
+    from servicekit.checkpoint import open_checkpoint
+
+    return open_checkpoint(tiny_root)
+
+
+def grid_of(tiny_ar, sampling, seed, decoding=None, guidance=1.0, grid=GRID, prompt="a cat on a mat", **kw):
+    ids = prompt_ids_for(tiny_ar.tokenizer, prompt, grid)
+    return generate_grid(tiny_ar.model, ids, grid, tiny_ar.t2i, sampling, seed, guidance=guidance, decoding=decoding,
+                         **kw)
+
+
+def assert_contract(tiny_ar, result, grid=GRID):
+    t2i = tiny_ar.t2i
+    assert len(result.token_ids) == grid.decode_tokens
+    for i, token in enumerate(result.token_ids):
+        if i % (grid.width + 1) == grid.width:
+            assert token == t2i.eol_token_id
+        else:
+            assert t2i.visual_token_start_id <= token < t2i.visual_token_end_id
+    assert result.image_condition.shape == (grid.condition_positions, tiny_ar.model.config.hidden_size)
+
+
+@pytest.mark.parametrize("guidance", [1.0, 4.0], ids=["unguided", "guided"])
+@pytest.mark.parametrize("decoding", SPECULATIVE, ids=lambda d: f"window{d.window}")
+def test_greedy_speculative_grid_and_condition_are_the_sequential_ones(tiny_ar, decoding, guidance):
+    greedy = SamplingParams(temperature=0.0)
+    sequential = grid_of(tiny_ar, greedy, 3, guidance=guidance)
+    fast = grid_of(tiny_ar, greedy, 3, decoding, guidance=guidance)
+    assert fast.token_ids == sequential.token_ids
+    assert torch.equal(fast.image_condition, sequential.image_condition)
+    assert torch.equal(fast.text_condition, sequential.text_condition)
+    assert fast.forwards < sequential.forwards == GRID.decode_tokens - 1
+
+
+@pytest.mark.parametrize(
+    "sampling", [SamplingParams(1.0, 0, 1.0), SamplingParams(0.7, 5, 1.0), SamplingParams(1.3, 0, 0.8)],
+    ids=["plain", "top-k", "top-p"],
+)
+def test_sampled_speculative_grid_is_the_sequential_one_for_every_seed(tiny_ar, sampling):
+    """Every draw uses the noise of its own (seed, position), so a speculative run draws the very grid sequential
+    decoding draws for the seed: the same distribution, seed by seed."""
+    for seed in range(12):
+        guidance = 1.0 if seed % 2 else 3.0
+        sequential = grid_of(tiny_ar, sampling, seed, guidance=guidance)
+        fast = grid_of(tiny_ar, sampling, seed, SPECULATIVE[seed % 3], guidance=guidance)
+        assert fast.token_ids == sequential.token_ids, seed
+        assert torch.equal(fast.image_condition, sequential.image_condition), seed
+
+
+def _chi_square_two_sample(a: Counter, b: Counter) -> tuple[float, int]:
+    """Pearson's two-sample statistic over the cells either sample saw, and its degrees of freedom."""
+    na, nb = sum(a.values()), sum(b.values())
+    cells = set(a) | set(b)
+    stat = 0.0
+    for cell in cells:
+        x, y = a[cell], b[cell]
+        stat += (math.sqrt(nb / na) * x - math.sqrt(na / nb) * y) ** 2 / (x + y)
+    return stat, len(cells) - 1
+
+
+def _chi_square_critical(dof: int) -> float:
+    """The chi-square 0.999 quantile (Wilson-Hilferty), so a correct decoder fails 1 in 1,000 seed sets."""
+    z = 3.0902
+    return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
+
+
+class _BlindAcceptance(Speculative):
+    """A wrong acceptance rule, for the distribution test to catch: every draft is kept as if the model drew it."""
+
+    def take(self, lanes, hidden, tokens):
+        for j, lane in enumerate(lanes):
+            self.stream.ready_hidden[lane.step - 1] = hidden[j]
+            self.stream.ready_tokens[lane.step] = lanes[j + 1].token if j + 1 < len(lanes) else tokens[j]
+
+
+class _BlindDecoding(Decoding):
+    def start(self, stream):
+        return _BlindAcceptance(stream, self.window)
+
+
+def test_speculative_token_distribution_matches_sequential_decoding_over_independent_seeds(tiny_root):
+    """A distribution test with independent samples: the four visual tokens of a 2x2 grid (top-k 2: 16 outcomes) from
+    400 speculative runs against 400 sequential runs of other seeds, on the tiny model with its generation head
+    sharpened (random weights give nearly flat logits, where any rule looks right). The same test tells apart
+    sequential decoding at temperature 0.6 (mass moved to the likelier tokens, as a greedy-leaning acceptance would)
+    and an acceptance that keeps every draft."""
+    model = load_ar(tiny_root)
+    with torch.no_grad():
+        model.model.gen_head.weight.mul_(12)
+    grid = grid_for_size(32, 32, 16)
+
+    def outcomes(seeds, decoding, temperature=1.0):
+        seen: Counter = Counter()
+        for seed in seeds:
+            tokens = grid_of(model, SamplingParams(temperature, 2, 1.0), seed, decoding, grid=grid,
+                             prompt="a red square").token_ids
+            seen[tuple(tokens[i] for i in (0, 1, 3, 4))] += 1
+        return seen
+
+    speculative = outcomes(range(400), Decoding("speculative", 6))
+    sequential = outcomes(range(1000, 1400), None)
+    stat, dof = _chi_square_two_sample(speculative, sequential)
+    assert dof == 15  # every outcome seen: the draws spread over all 16
+    assert stat < _chi_square_critical(dof), (stat, dof)
+    for name, other in (("colder", outcomes(range(2000, 2400), None, temperature=0.6)),
+                        ("blind", outcomes(range(3000, 3400), _BlindDecoding("speculative", 6)))):
+        stat, dof = _chi_square_two_sample(speculative, other)
+        assert stat > _chi_square_critical(dof), (name, stat, dof)
+
+
+@pytest.mark.parametrize("decoding", ROW_PARALLEL, ids=lambda d: f"window{d.window}")
+def test_row_parallel_keeps_the_grid_contract_in_fewer_forwards(tiny_ar, decoding):
+    rows: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+    result = grid_of(tiny_ar, SamplingParams(1.0, 0, 1.0), 9, decoding, guidance=3.0,
+                     on_row=lambda r, h, t: rows.append((r, h, t)))
+    assert_contract(tiny_ar, result)
+    assert [r for r, _, _ in rows] == list(range(GRID.height))  # rows still reach the DiT in order
+    width = GRID.width + 1
+    for r, hidden, tokens in rows:
+        assert torch.equal(hidden, result.image_condition[r * width : (r + 1) * width])
+        assert tokens.tolist() == result.token_ids[r * width : (r + 1) * width]
+    # a row starts once the row above has `window` tokens: about (rows - 1) * window + a row's length forwards
+    assert result.forwards <= (GRID.height - 1) * decoding.window + width + 1
+    assert result.forwards < (GRID.decode_tokens - 1) / 2
+
+
+def test_row_parallel_is_seeded(tiny_ar):
+    sampling = SamplingParams(1.0, 0, 1.0)
+    first = grid_of(tiny_ar, sampling, 4, ROW_PARALLEL[1])
+    assert grid_of(tiny_ar, sampling, 4, ROW_PARALLEL[1]).token_ids == first.token_ids
+    assert grid_of(tiny_ar, sampling, 5, ROW_PARALLEL[1]).token_ids != first.token_ids
+
+
+def test_an_image_alone_equals_it_among_others_of_every_mode(tiny_ar):
+    """Batch invariance: a speculative and a row-parallel image decoded with 6 others (other modes, sizes, seeds,
+    joining late) give their tokens and conditions alone, bit for bit."""
+    t2i = tiny_ar.t2i
+    sampling = SamplingParams(1.0, 0, 1.0)
+    prefix = build_prefix_cache(tiny_ar.model, system_prefix_ids(tiny_ar.tokenizer))
+
+    def stream(prompt, grid, seed, decoding, rows, guidance=3.0):
+        ids = prompt_ids_for(tiny_ar.tokenizer, prompt, grid)
+        return DecodeStream(tiny_ar.model, ids, grid, t2i, sampling, seed, lambda r, h, t: rows.append(h),
+                            prefix=prefix, guidance=guidance, decoding=decoding)
+
+    modes = [None, *SPECULATIVE, *ROW_PARALLEL]
+    for target_mode in (SPECULATIVE[1], ROW_PARALLEL[0]):
+        alone_rows: list[torch.Tensor] = []
+        alone = stream("a cat", GRID, 5, target_mode, alone_rows)
+        decode_together(EagerDecoder(tiny_ar.model, pad_to=16), [alone])
+        rows: list[torch.Tensor] = []
+        target = stream("a cat", GRID, 5, target_mode, rows)
+        joiners = [stream(f"dog number {k}", grid_for_size(64 + 16 * k, 64, 16), 100 + k, modes[k % len(modes)], [],
+                          guidance=1.0 if k % 2 else 3.0) for k in range(6)]
+        decode_together(EagerDecoder(tiny_ar.model, pad_to=16), [target], joiners, join_every=2)
+        assert all(s.done for s in [target, *joiners])
+        assert target.tokens == alone.tokens
+        assert torch.equal(torch.cat(rows), torch.cat(alone_rows))
+
+
+def test_cancellation_is_checked_before_every_forward(tiny_ar):
+    asked = []
+
+    def should_stop():
+        asked.append(1)
+        return len(asked) > 3
+
+    with pytest.raises(GenerationCancelled):
+        grid_of(tiny_ar, SamplingParams(1.0, 0, 1.0), 1, SPECULATIVE[1], should_stop=should_stop)
+    assert len(asked) == 4  # three forwards ran, the fourth was never started
+
+
+def test_engine_serves_each_mode_reports_forwards_and_counts_them(tiny_ar, checkpoint):
+    renderer = FakeRenderer()
+    engine = make_engine(tiny_ar, checkpoint, renderer, max_batch_size=4)
+    base = dict(prompt="a lighthouse", width=128, height=96, seed=21, knobs={"num_inference_steps": 2, "top_k": 4})
+    try:
+        results = {}
+        for mode, window in (("sequential", 0), ("speculative", 0), ("speculative", 5), ("row_parallel", 2)):
+            knobs = {**base["knobs"], "ar_decoding": mode, "ar_decoding_window": window}
+            plan = engine.plan(request_id=f"{mode}-{window}", **{**base, "knobs": knobs})
+            assert plan.knobs["ar_decoding"] == mode
+            got = wait_done(engine.submit(plan))
+            assert isinstance(got[-1], events.JobDone)
+            results[mode, window] = (got[-1].timings, conditions(renderer, f"{mode}-{window}"))
+        timings, sequential = results["sequential", 0]
+        assert timings["ar_forwards"] == timings["ar_tokens"] - 1 == GRID.decode_tokens - 1
+        for key in (("speculative", 0), ("speculative", 5)):
+            fast_timings, fast = results[key]
+            assert fast_timings["ar_tokens"] == timings["ar_tokens"]
+            assert fast_timings["ar_forwards"] < timings["ar_forwards"], key
+            for index in sequential:  # the same conditions reach the DiT, bit for bit
+                for (kind, offset, x), (kind2, offset2, y) in zip(sequential[index], fast[index], strict=True):
+                    assert (kind, offset) == (kind2, offset2) and torch.equal(x, y)
+        assert results["row_parallel", 2][0]["ar_forwards"] < timings["ar_forwards"] / 2
+        registry = engine.metrics.registry
+        assert registry.get_sample_value("ardit_ar_decode_forwards_total", {"decoding": "sequential"}) == 54
+        spec_forwards = registry.get_sample_value("ardit_ar_decode_forwards_total", {"decoding": "speculative"})
+        assert spec_forwards == sum(results[k][0]["ar_forwards"] for k in (("speculative", 0), ("speculative", 5)))
+        assert registry.get_sample_value("ardit_ar_decoded_tokens_total", {"decoding": "speculative"}) == 2 * 54
+        assert registry.get_sample_value("ardit_ar_tokens_per_forward_count", {"decoding": "row_parallel"}) == 1
+    finally:
+        engine.close()
+
+
+def test_engine_refuses_what_it_cannot_decode(tiny_ar, checkpoint):
+    engine = make_engine(tiny_ar, checkpoint)
+    try:
+        with pytest.raises(RequestRejected) as refused:
+            engine.plan(prompt="p", width=64, height=64, knobs={"ar_decoding": "jacobi"})
+        assert refused.value.param == "ar_decoding" and "'speculative'" in str(refused.value)
+        with pytest.raises(RequestRejected) as refused:
+            engine.plan(prompt="p", width=64, height=64, knobs={"ar_decoding_window": 4})
+        assert refused.value.param == "ar_decoding_window"
+        with pytest.raises(RequestRejected) as refused:
+            engine.plan(prompt="p", width=64, height=64, knobs={"ar_decoding": "speculative", "ar_decoding_window": 65})
+        assert refused.value.param == "ar_decoding_window"
+    finally:
+        engine.close()
+    fast = make_engine(tiny_ar, checkpoint, fast_decode=True, max_batch_size=1)
+    try:
+        with pytest.raises(RequestRejected) as refused:
+            fast.plan(prompt="p", width=64, height=64, knobs={"ar_decoding": "row_parallel"})
+        assert refused.value.param == "ar_decoding" and "fast_decode" in str(refused.value)
+        assert fast.plan(prompt="p", width=64, height=64, knobs={"ar_decoding": "sequential"}).decoding == Decoding()
+    finally:
+        fast.close()
