@@ -308,6 +308,9 @@ class AREngine:
             static = StaticDecoder(
                 loaded.model, rows, self.max_positions(), compile=compile_decode, full_length=deterministic,
                 compile_mode=compile_decode_mode, kernels=decode_kernels,
+                # lanes of speculative decoding read their stream's slot: free with the triton kernels, a gather
+                # of the cache per layer with the torch ones (which then keep one token per forward)
+                shared_slots=decode_kernels == "triton",
             )
             log.info(
                 "fast decode: %d slots x %d positions (%.2f GiB of K/V), %s kernels, %s%s", rows,
@@ -324,9 +327,10 @@ class AREngine:
             static.lookahead = decode_lookahead
             decoder = SlotDecoder(static)
         self.decoder = decoder or EagerDecoder(loaded.model, rows)
-        if self.ar_defaults.get("ar_decoding", SEQUENTIAL) != SEQUENTIAL and not isinstance(self.decoder, EagerDecoder):
-            raise ValueError(f"the checkpoint's default ar_decoding {self.ar_defaults['ar_decoding']!r} needs the eager "
-                             "decoder; fast_decode decodes one token per forward")
+        default_mode = self.ar_defaults.get("ar_decoding", SEQUENTIAL)
+        if not self._decodes(Decoding(default_mode)):
+            raise ValueError(f"the checkpoint's default ar_decoding {default_mode!r} cannot run on this server's "
+                             "fast decoder")
         self._lock = threading.RLock()  # re-entered when a cancel inside the worker wakes the worker
         self._wake = threading.Condition(self._lock)
         self._waiting: deque[Job] = deque()  # admitted, not started (guarded by _lock)
@@ -482,12 +486,18 @@ class AREngine:
                     "feeds one token per forward", param="ar_decoding_window",
                 )
             return Decoding()
-        if not isinstance(self.decoder, EagerDecoder):
+        decoding = Decoding(mode, window or (DEFAULT_SPEC_WINDOW if mode == SPECULATIVE else DEFAULT_ROW_WINDOW))
+        if not self._decodes(decoding):
+            accepted = [m for m in (SEQUENTIAL, SPECULATIVE) if self._decodes(Decoding(m))]
             raise RequestRejected(
-                f"'ar_decoding' {mode!r} is not available on this server: it decodes in fixed CUDA-graph slots "
-                "(fast_decode), one token per forward; accepted here: 'sequential'", param="ar_decoding",
+                f"'ar_decoding' {mode!r} is not available on this server: it decodes in fixed slots (fast_decode"
+                f"{', torch kernels' if mode == SPECULATIVE else ''}); accepted here: "
+                f"{', '.join(repr(m) for m in accepted)}", param="ar_decoding",
             )
-        return Decoding(mode, window or (DEFAULT_SPEC_WINDOW if mode == SPECULATIVE else DEFAULT_ROW_WINDOW))
+        return decoding
+
+    def _decodes(self, decoding: Decoding) -> bool:
+        return isinstance(self.decoder, EagerDecoder) or self.decoder.decodes(decoding)
 
     def _check_size(self, width: int, height: int) -> tuple[int, int, int]:
         """(width, height, factor) of the answer: the model renders width/factor x height/factor (prompt.upscale_for)."""

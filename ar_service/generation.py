@@ -21,7 +21,7 @@ from typing import TypeVar, cast
 
 import torch
 
-from ar_service.decoding import SEQUENTIAL, Decoding, Forwarded, Lane
+from ar_service.decoding import SEQUENTIAL, SPECULATIVE, Decoding, Forwarded, Lane
 from ar_service.model.configuration import ARConfig
 from ar_service.model.modeling import KVCache, MammothModa2AR
 from ar_service.model.static_decode import StaticDecoder
@@ -609,8 +609,11 @@ class EagerDecoder:
 class SlotDecoder:
     """Streams decode in the fixed slots of a ``StaticDecoder`` (CUDA graphs, sampling inside): a stream takes a
     slot after its prefill (two when guided: its unconditional row takes another) and must give them back
-    (``release``) when it finishes, fails or is cancelled. One token per stream and step: a slot is one row
-    (parallel decoding modes run on the ``EagerDecoder``)."""
+    (``release``) when it finishes, fails or is cancelled. A step of streams that feed one token each puts each
+    row at its slot (``StaticDecoder.step``); when a stream feeds several (speculative decoding, which needs a
+    ``StaticDecoder`` built with ``shared_slots``), the rows go in order through ``step_lanes``, as many as the
+    decoder has rows: each stream feeds at least its first lane, the rest share what is left. Row-parallel decoding
+    (cache order unlike position order) runs on the ``EagerDecoder`` only."""
 
     reserve = False
 
@@ -618,9 +621,8 @@ class SlotDecoder:
         self.static = static
 
     def admit(self, stream: DecodeStream) -> None:
-        if stream.decoding.mode != SEQUENTIAL:
-            raise ValueError(f"the slot decoder decodes one token per forward; ar_decoding {stream.decoding.mode} "
-                             "needs the eager decoder")
+        if not self.decodes(stream.decoding):
+            raise ValueError(f"this slot decoder cannot decode ar_decoding {stream.decoding.mode}")
         stream.slot = self.static.admit(stream.cache)
         stream.cache = None
         if stream.uncond is not None:
@@ -649,10 +651,61 @@ class SlotDecoder:
         slots = [s.slot for s in streams] + [slot for slot in uncond if slot is not None]
         return slots, ids, positions, draws
 
+    def decodes(self, decoding: Decoding) -> bool:
+        """Whether streams of ``decoding`` can run here."""
+        return decoding.mode == SEQUENTIAL or (decoding.mode == SPECULATIVE and self.static.shared_slots)
+
+    def _fit(self, streams: list[DecodeStream], lanes: list[list[Lane]]) -> list[list[Lane]]:
+        """Each stream's lanes cut to what the decoder's rows hold: the first lane of every stream, then one more
+        lane per stream in turn while rows are left (a guided lane takes two rows)."""
+        width = [2 if s.uncond is not None else 1 for s in streams]
+        left = self.static.slots - sum(width)
+        if left < 0:
+            raise RuntimeError("more streams than the decoder has rows")
+        kept = [1] * len(streams)
+        growing = True
+        while growing:
+            growing = False
+            for b in range(len(streams)):
+                if kept[b] < len(lanes[b]) and width[b] <= left:
+                    kept[b] += 1
+                    left -= width[b]
+                    growing = True
+        return [lane[:k] for lane, k in zip(lanes, kept, strict=True)]
+
+    def _step_lanes(self, streams: list[DecodeStream], lanes: list[list[Lane]]) -> list[Forwarded]:
+        slots: list[int] = []
+        ids: list[int] = []
+        positions: list[int] = []
+        draws: list[Draw] = []
+        shares: list[tuple[int, list[Lane]]] = []
+        for s, fed in zip(streams, lanes, strict=True):
+            first = len(ids)
+            shares.append((first, fed))
+            for lane in fed:
+                slots.append(self._slot(s))
+                ids.append(lane.token)
+                positions.append(lane.position)
+                draws.append(s.draw_at(lane.step))
+            if s.uncond is not None:
+                assert s.uncond.slot is not None, "a guided stream's unconditional row holds a slot"
+                offset = s.uncond_offset
+                for j, lane in enumerate(fed):
+                    slots.append(s.uncond.slot)
+                    ids.append(lane.token)
+                    positions.append(lane.position - offset)
+                    draws.append(draws[first + j])
+                    draws[first + j] = guided(draws[first + j], s.guidance, len(ids) - 1)
+        tokens, hidden = self.static.step_lanes(slots, ids, positions, draws)
+        return [Forwarded(fed, hidden[first : first + len(fed)], tokens[first : first + len(fed)])
+                for first, fed in shares]
+
     @torch.inference_mode()
     def step(self, streams: list[DecodeStream]) -> list[Forwarded]:
         n = len(streams)
         lanes = [s.lanes() for s in streams]
+        if any(len(fed) > 1 for fed in lanes):
+            return self._step_lanes(streams, self._fit(streams, lanes))
         tokens, hidden = self.static.step(*self._rows(streams, [s.feed for s in streams], [len(s.tokens) for s in streams]))
         tokens, hidden = tokens[:n], hidden[:n]
         if self.static.lookahead:

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import argparse
 import base64
+import hashlib
 import io
 import json
 import random
+import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import httpx
 import numpy as np
@@ -31,26 +34,73 @@ def held_out_examples(count: int, seed: int = 0) -> list[Example]:
     return examples(held, count, seed=random.Random(seed).randrange(2**31))
 
 
-def generate(client: httpx.Client, url: str, prompt: str, seed: int, knobs: dict) -> np.ndarray:
+@dataclass(frozen=True)
+class Generated:
+    """One answered image: its pixels, the digest of the file as served, and the stage timings it reported."""
+
+    image: np.ndarray
+    digest: str
+    timings: dict
+
+
+def generate_one(client: httpx.Client, url: str, prompt: str, seed: int, knobs: dict) -> Generated:
     body = {"prompt": prompt, "size": f"{IMAGE_SIZE}x{IMAGE_SIZE}", "seed": seed, "response_format": "b64_json", **knobs}
     response = client.post(f"{url}/v1/images/generations", json=body)
     response.raise_for_status()
-    data = base64.b64decode(response.json()["data"][0]["b64_json"])
-    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    answer = response.json()
+    data = base64.b64decode(answer["data"][0]["b64_json"])
+    image = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    return Generated(image, hashlib.sha256(data).hexdigest(), answer.get("timings") or {})
+
+
+def generate(client: httpx.Client, url: str, prompt: str, seed: int, knobs: dict) -> np.ndarray:
+    return generate_one(client, url, prompt, seed, knobs).image
 
 
 def evaluate(url: str, count: int, seed: int = 0, knobs: dict | None = None, concurrency: int = 2,
              timeout_s: float = 300.0) -> tuple[dict, list[dict]]:
-    """(rates per attribute, one row per caption)."""
+    """(rates per attribute, one row per caption with its image's digest and timings)."""
     cases = held_out_examples(count, seed)
     with httpx.Client(timeout=timeout_s) as client, ThreadPoolExecutor(concurrency) as pool:
-        images = list(pool.map(lambda ic: generate(client, url, ic[1].caption, seed + ic[0], knobs or {}), enumerate(cases)))
+        answers = list(pool.map(lambda ic: generate_one(client, url, ic[1].caption, seed + ic[0], knobs or {}),
+                                enumerate(cases)))
     rows = []
-    for case, image in zip(cases, images, strict=True):
-        found = detect(image)
-        rows.append({"caption": case.caption, "expected": case.scene, "found": found, **found.scores(case.scene)})
+    for i, (case, answer) in enumerate(zip(cases, answers, strict=True)):
+        found = detect(answer.image)
+        rows.append({"caption": case.caption, "seed": seed + i, "expected": case.scene, "found": found,
+                     "digest": answer.digest, "timings": answer.timings, **found.scores(case.scene)})
     rates = {a: sum(r[a] for r in rows) / max(len(rows), 1) for a in ATTRIBUTES}
     return rates, rows
+
+
+def decode_speed(rows: list[dict]) -> dict:
+    """What the AR spent per image, from the timings each answer carried: forwards, visual tokens, tokens per
+    forward (total over total) and decode milliseconds (median). Empty when the service reports no forwards."""
+    timings = [r["timings"] for r in rows if r["timings"].get("ar_forwards")]
+    if not timings:
+        return {}
+    forwards = sum(t["ar_forwards"] for t in timings)
+    tokens = sum(t["ar_tokens"] for t in timings)
+    return {"images": len(timings), "forwards_per_image": forwards / len(timings),
+            "tokens_per_image": tokens / len(timings), "tokens_per_forward": tokens / forwards,
+            "ar_decode_ms_median": statistics.median(t["ar_decode_ms"] for t in timings),
+            "total_ms_median": statistics.median(t["total_ms"] for t in timings)}
+
+
+def speed_line(speed: dict) -> str:
+    if not speed:
+        return "AR: the service reported no forward counts"
+    return (f"AR: {speed['forwards_per_image']:.1f} forwards per image for {speed['tokens_per_image']:.1f} tokens "
+            f"({speed['tokens_per_forward']:.2f} tokens per forward), decode {speed['ar_decode_ms_median']:.0f} ms "
+            f"and total {speed['total_ms_median']:.0f} ms per image (medians)")
+
+
+def report(rates: dict, rows: list[dict], knobs: dict) -> dict:
+    """What ``--json`` writes: the knobs, the rates, the AR speed and every image's seed and digest (two runs
+    that served the same files have the same digests)."""
+    return {"knobs": knobs, "count": len(rows), "rates": rates, "speed": decode_speed(rows),
+            "images": [{"seed": r["seed"], "caption": r["caption"], "digest": r["digest"], "all": r["all"]}
+                       for r in rows]}
 
 
 def table(rates: dict, count: int) -> str:
@@ -110,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     add_knob_options(p)
     p.add_argument("--concurrency", type=int, default=2)
     p.add_argument("--show-failures", type=int, default=10, help="print up to this many wrong images' details")
+    p.add_argument("--json", metavar="PATH", help="also write the rates, the AR speed and each image's digest here")
     args = p.parse_args(argv)
     knobs = knobs_from(args)
     started = time.monotonic()
@@ -118,12 +169,17 @@ def main(argv: list[str] | None = None) -> int:
           f"{time.monotonic() - started:.0f} s)\n")
     print(table(rates, args.n))
     print()
+    print(speed_line(decode_speed(rows)))
+    print()
     print(outline_table(rows))
     failures = [r for r in rows if not r["all"]][: args.show_failures]
     if failures:
         print("\nsome wrong ones:")
         for r in failures:
             print(f"  {r['caption']!r}: expected {r['expected']}, found {r['found']}")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(report(rates, rows, knobs), out, indent=1)
     return 0
 
 

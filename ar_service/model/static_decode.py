@@ -209,7 +209,11 @@ class _TorchLayers:
                            config.num_key_value_heads, None if scales is None else scales[0])
         d.k[i][self.rows, :, self.positions] = k
         d.v[i][self.rows, :, self.positions] = v
-        keys, values = d.k[i, :p, :, : self.bucket], d.v[i, :p, :, : self.bucket]
+        if d.shared_slots:
+            keys = d.k[i][:, :, : self.bucket].index_select(0, self.rows)
+            values = d.v[i][:, :, : self.bucket].index_select(0, self.rows)
+        else:
+            keys, values = d.k[i, :p, :, : self.bucket], d.v[i, :p, :, : self.bucket]
         attn = self.attend(q, keys, values, self.positions, 1.0 / math.sqrt(config.head_dim))
         return self.post(x, attn, ow, n2, e2, gate_up_w, dw, None if scales is None else scales[1:])
 
@@ -236,7 +240,7 @@ class _TritonLayers:
     def start(self, cos, sin, positions, rows, bucket: int) -> None:
         config = self.decoder.config
         # The kernels read plain [P, D] and [P] rows.
-        self.cos, self.sin, self.positions, self.rows = cos[:, 0], sin[:, 0], positions.contiguous(), rows
+        self.cos, self.sin, self.positions, self.rows = cos[:, 0], sin[:, 0], positions.contiguous(), rows.contiguous()
         group = config.num_attention_heads // config.num_key_value_heads
         self.workspace = decode_kernels.attention_workspace(
             rows.shape[0], config.num_key_value_heads, group, config.head_dim, self.decoder.device)
@@ -287,13 +291,16 @@ class StaticDecoder:
         compile_mode: str = "default",
         kernels: str = "torch",
         fold_norms: bool = False,
+        shared_slots: bool = False,
     ) -> None:
         """``compile_mode``: torch.compile's mode for the layer bodies, e.g. "max-autotune-no-cudagraphs" (Inductor
         then times its own matmul kernels against cuBLAS for each shape: slower start). ``kernels``: "torch"
         (cuBLAS and torch's kernels, optionally compiled) or "triton" (``decode_kernels``: nine launches per
         layer, attention over each row's own length, hence no length buckets). ``fold_norms`` (triton): each
         residual linear emits its rows' partial sums of squares and the next linear applies the RMSNorm from
-        them, so a layer is seven launches (1% faster per token on an H200, hence off)."""
+        them, so a layer is seven launches (1% faster per token on an H200, hence off). ``shared_slots``: allow
+        ``step_lanes`` (several rows of one slot in a step; the triton kernels read each row's slot anyway, the torch
+        kernels then gather the rows' caches)."""
         config = model.config
         if slots < 1 or max_positions < 2:
             raise ValueError("StaticDecoder needs at least one slot and two positions")
@@ -323,13 +330,18 @@ class StaticDecoder:
         shape = (layers, slots, kv_heads, max_positions, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        # The step's inputs, uploaded with one copy per dtype: columns of [slots, 8] int64 (id, position, then
-        # sample_rows' lo, hi, top_k, seed, step, partner) and [slots, 3] float32 (temperature, top_p, guidance).
-        self._long = torch.tensor([self._free_row] * slots, dtype=torch.long, device=device)
+        # The step's inputs, uploaded with one copy per dtype: columns of [slots, 9] int64 (id, position, then
+        # sample_rows' lo, hi, top_k, seed, step, partner, then the slot whose cache the row reads and writes) and
+        # [slots, 3] float32 (temperature, top_p, guidance). Row r is slot r's unless lanes share a slot
+        # (``step_lanes``).
+        self._long = torch.tensor([[*self._free_row, r] for r in range(slots)], dtype=torch.long, device=device)
         self._float = torch.tensor([self._free_floats] * slots, dtype=torch.float32, device=device)
         self.ids, self.positions = self._long[:, 0], self._long[:, 1]
-        self.draws = RowSampling.from_columns(self._long[:, 2:], self._float)
-        self._rows = torch.arange(slots, device=device)
+        self.draws = RowSampling.from_columns(self._long[:, 2:8], self._float)
+        self._rows = self._long[:, 8]
+        # Whether a step's rows may read another row's slot (lanes): the torch kernels then gather each row's
+        # cache instead of viewing the first rows' (a copy per layer), so it is asked for at construction.
+        self.shared_slots = shared_slots
         self._free = list(range(slots))
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.lookahead = False  # see launch_ahead(); set by the owner
@@ -474,24 +486,51 @@ class StaticDecoder:
         if max(positions) >= self.max_positions - 1:
             raise ValueError(f"position {max(positions)} is beyond the decode cache ({self.max_positions - 1})")
 
-    def _enqueue(self, slots, ids, positions, draws) -> tuple[torch.Tensor, torch.Tensor]:
+    def step_lanes(
+        self,
+        slots: list[int],
+        ids: list[int],
+        positions: list[int],
+        draws: list[tuple],
+    ) -> tuple[list[int], torch.Tensor]:
+        """A step whose rows may share slots (decode lanes: several tokens of one stream): row r feeds ``ids[r]``
+        at ``positions[r]`` of slot ``slots[r]``, writing its K/V there, and attends over that slot's positions up
+        to it; every row writes before any attends, so a lane sees the lanes before it. A guided draw's partner is
+        the row of its unconditional logits. Rows are placed in the order given. Returns (drawn ids, hidden
+        states [len(slots), H])."""
+        if not self.shared_slots:
+            raise ValueError("step_lanes needs a StaticDecoder built with shared_slots=True")
+        self._ahead = None
+        drawn, hidden = self._enqueue(slots, ids, positions, draws, compact=True)
+        tokens = drawn.tolist()
+        self._add_device_time()
+        return tokens[: len(slots)], hidden
+
+    def _enqueue(self, slots, ids, positions, draws, compact: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Uploads the inputs and runs (or enqueues, on CUDA) the step; returns its outputs (drawn ids, the listed
-        slots' hidden states), which a later step does not overwrite."""
+        slots' hidden states), which a later step does not overwrite. ``compact``: rows in the order given (lanes),
+        not at their slots' rows."""
         if not (len(slots) == len(ids) == len(positions) == len(draws)) or not slots:
             raise ValueError("step needs one id, one position and one draw per slot")
-        if any(len(draw) > 4 and draw[4] > 1 and draw[5] not in slots for draw in draws):
+        if compact:
+            if len(slots) > self.slots:
+                raise ValueError(f"a step runs at most {self.slots} rows; got {len(slots)}")
+            if any(len(draw) > 4 and draw[4] > 1 and not 0 <= draw[5] < len(slots) for draw in draws):
+                raise ValueError("a guided row's partner must be a row of the step")
+        elif any(len(draw) > 4 and draw[4] > 1 and draw[5] not in slots for draw in draws):
             raise ValueError("a guided row's unconditional slot must step with it")
         self._check(ids, positions)
-        bucket, rows = self.shape_for(slots, positions)
+        places = list(range(len(slots))) if compact else slots
+        bucket, rows = self.shape_for(places, positions)
         # Free rows compute at the last position, which no real stream reaches (max_positions is one past the
         # longest prompt + grid), so their K/V writes never land on a real stream's positions; they draw a
         # forced id, unguided (their partner column, row 0, is read and ignored). A guided row's partner is the
         # slot of its unconditional row, which the caller lists in the same step.
-        long_rows = [self._free_row] * rows
+        long_rows = [[*self._free_row, r] for r in range(rows)]
         float_rows = [self._free_floats] * rows
-        for slot, token, position, draw in zip(slots, ids, positions, draws, strict=True):
-            ints, float_rows[slot] = draw_columns(draw, slot)
-            long_rows[slot] = [token, position, *ints]
+        for place, slot, token, position, draw in zip(places, slots, ids, positions, draws, strict=True):
+            ints, float_rows[place] = draw_columns(draw, place)
+            long_rows[place] = [token, position, *ints, slot]
         timed = self.device_timing and self.device.type == "cuda"
         if timed:
             start = torch.cuda.Event(enable_timing=True)
@@ -509,6 +548,8 @@ class StaticDecoder:
         # Copies, made in stream order before any later step overwrites a graph's output buffers. The row index
         # lives on the device already: an index built from a host list is a pageable upload, which waits for the
         # device to finish everything queued before it.
+        if compact:
+            return drawn.clone(), hidden[: len(slots)].clone()
         key = tuple(slots)
         index = self._indexes.get(key)
         if index is None:

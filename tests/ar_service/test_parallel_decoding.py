@@ -263,3 +263,56 @@ def test_engine_refuses_what_it_cannot_decode(tiny_ar, checkpoint):
         assert fast.plan(prompt="p", width=64, height=64, knobs={"ar_decoding": "sequential"}).decoding == Decoding()
     finally:
         fast.close()
+
+
+@pytest.fixture
+def few_splits(monkeypatch):
+    """Two attention splits: Triton's interpreter runs programs one by one on the CPU."""
+    from ar_service.model import decode_kernels
+
+    monkeypatch.setattr(decode_kernels, "ATTENTION_SPLITS", 2)
+
+
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_the_slot_decoder_decodes_speculative_lanes_to_the_sequential_grid(tiny_ar, kernels, few_splits):
+    """Lanes in the fixed slots (rows of one slot in one step): the sequential grid, guided and not, alone and beside
+    a sequential stream, in fewer steps; the lanes are cut to the decoder's rows (6 here, for 2 guided streams).
+    Triton's kernels run interpreted on the CPU, so they get a smaller grid."""
+    from ar_service.generation import SlotDecoder
+    from ar_service.model import decode_kernels
+    from ar_service.model.static_decode import StaticDecoder
+
+    if kernels == "triton" and not decode_kernels.available:
+        pytest.skip("triton is not installed (no wheel for this platform)")
+    grid = GRID if kernels == "torch" else grid_for_size(64, 48, 16)
+    sampling = SamplingParams(1.0, 4, 1.0)
+    static = StaticDecoder(tiny_ar.model, slots=6, max_positions=300, kernels=kernels, shared_slots=True,
+                           full_length=kernels == "torch")
+    decoder = SlotDecoder(static)
+    assert decoder.decodes(Decoding("speculative", 8)) and not decoder.decodes(Decoding("row_parallel", 2))
+    for guidance in (1.0, 3.0):
+        sequential = grid_of(tiny_ar, sampling, 11, guidance=guidance, grid=grid)
+        fast = grid_of(tiny_ar, sampling, 11, Decoding("speculative", 8), guidance=guidance, decoder=decoder,
+                       grid=grid)
+        assert fast.token_ids == sequential.token_ids
+        assert torch.allclose(fast.image_condition, sequential.image_condition, atol=1e-4)
+        assert fast.forwards < sequential.forwards
+    assert static.free_slots == 6
+
+    def stream(seed, decoding, guidance):
+        ids = prompt_ids_for(tiny_ar.tokenizer, "a cat on a mat", grid)
+        s = DecodeStream(tiny_ar.model, ids, grid, tiny_ar.t2i, sampling, seed, reserve=False, guidance=guidance,
+                         decoding=decoding)
+        decoder.admit(s)
+        return s
+
+    pair = [stream(11, Decoding("speculative", 8), 3.0), stream(12, None, 3.0)]
+    decode_together(decoder, pair)
+    assert pair[0].tokens == grid_of(tiny_ar, sampling, 11, guidance=3.0, grid=grid).token_ids
+    assert pair[1].tokens == grid_of(tiny_ar, sampling, 12, guidance=3.0, grid=grid).token_ids
+    assert static.free_slots == 6
+    plain = SlotDecoder(StaticDecoder(tiny_ar.model, slots=2, max_positions=300))
+    assert not plain.decodes(Decoding("speculative", 8))
+    with pytest.raises(ValueError):
+        plain.admit(DecodeStream(tiny_ar.model, prompt_ids_for(tiny_ar.tokenizer, "x", grid), grid, tiny_ar.t2i,
+                                 sampling, 1, reserve=False, decoding=Decoding("speculative", 4)))

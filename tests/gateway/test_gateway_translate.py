@@ -110,7 +110,8 @@ def test_response_has_openai_shape_with_seeds_and_timings():
         "timings": {
             "ar_prefill_ms": 1.5, "ar_decode_ms": 20.0, "ar_tokens": 529, "condition_transfer_ms": 0.0,
             "dit_queue_ms": 0.0, "denoise_ms": 30.25, "vae_decode_ms": 2.0, "encode_ms": 1.0, "total_ms": 60.0,
-            "transformer_calls": 8, "preview_ms": 0.0, "dit_steps_computed": 0, "dit_steps_skipped": 0, "gateway_ms": 1.235,
+            "transformer_calls": 8, "preview_ms": 0.0, "dit_steps_computed": 0, "dit_steps_skipped": 0, "ar_forwards": 0,
+            "gateway_ms": 1.235,
         },
         "knobs": {"num_inference_steps": 16, "cfg_range": [0, 1]},
     }

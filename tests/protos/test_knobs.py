@@ -64,7 +64,7 @@ def test_resolve_fills_defaults_and_prefers_given_ones():
     assert resolved == {"num_inference_steps": 4, "text_guidance_scale": 9.0, "cfg_range": [0.0, 1.0],
                         "cfg_execution_mode": "sequential", "dit_cache_threshold": 0.0}
     ar = KNOBS.resolve({}, {"temperature": 1.0, "top_k": 2048, "top_p": 1.0}, stages=("ar",))
-    assert ar == {"temperature": 1.0, "top_k": 2048, "top_p": 1.0}
+    assert ar == {"temperature": 1.0, "top_k": 2048, "top_p": 1.0, "ar_decoding": "sequential", "ar_decoding_window": 0}
 
 
 def test_quality_presets():
