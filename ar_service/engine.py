@@ -1,6 +1,7 @@
-"""ar_service's engine: checks a request, decodes each image's grid, streams it to the renderer.
+"""ar_service's engine: decodes each planned image's grid, streams it to the renderer.
 
-Between the gRPC transport (server.py) and the model (model/, generation.py). One worker
+Between the gRPC transport (server.py) and the model (model/, generation.py); requests are checked into plans by
+its ``planner`` (ar_service/planning.py) before they reach the queue. One worker
 thread owns the AR model and runs continuous batching: requests wait in a bounded FIFO queue
 (full: refused at once with RESOURCE_EXHAUSTED and a retry-after estimate); each image of a
 request becomes a decode stream (seed + i, its own KV cache, position, grid column and
@@ -17,10 +18,8 @@ from __future__ import annotations
 import logging
 import math
 import queue
-import secrets
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,34 +29,28 @@ import grpc
 import torch
 
 from ar_service import events
-from ar_service.decoding import DEFAULT_ROW_WINDOW, DEFAULT_SPEC_WINDOW, SEQUENTIAL, SPECULATIVE, Decoding
+from ar_service.decoding import SEQUENTIAL, Decoding
 from ar_service.generation import (
     ALL_GENERATED,
     PREFILL_MEMO_ENTRIES,
     ROWS_PER_IMAGE,
     ConditionLengthError,
-    DecodeChoices,
     DecodeStream,
     EagerDecoder,
     PrefillMemo,
     SlotDecoder,
     build_prefix_cache,
-    image_condition_positions,
     negative_condition_for,
-    negative_prompt_ids,
     prompt_ids_for,
-    question_end,
     system_prefix_ids,
-    text_condition_mask,
 )
 from ar_service.metrics import EngineMetrics
 from ar_service.model.loading import LoadedAR
 from ar_service.model.static_decode import StaticDecoder
-from ar_service.prompt import Grid, grid_for_size, upscale_for
+from ar_service.planning import ImagePlan, RequestPlanner
+from ar_service.prompt import grid_for_size
 from ar_service.render_client import RenderHeader, RenderSession
-from ar_service.sampling import SamplingParams
 from protos.knobs import KnobTable
-from protos.previews import MAX_PARTIAL_IMAGES
 from protos.status import RequestRejected
 from servicekit import tracing
 from servicekit.checkpoint import PipelineCheckpoint
@@ -65,39 +58,8 @@ from servicekit.profiling import BusyProfiler, stage
 
 log = logging.getLogger(__name__)
 
-MAX_IMAGES = 10
-FORMATS = ("png", "jpeg", "webp")
-QUALITIES = ("", "auto", "low", "medium", "high", "standard", "hd")
-
-
 class Renderer(Protocol):
     def open(self, header: RenderHeader, on_event, timeout: float | None = None) -> RenderSession: ...
-
-
-@dataclass
-class ImagePlan:
-    """A checked request: everything the worker needs, nothing left to validate."""
-
-    request_id: str
-    model: str
-    prompt_ids: list[int]
-    negative_ids: list[int] | None
-    grid: Grid
-    width: int  # of the answered pictures: the model renders width // upscale x height // upscale
-    height: int
-    upscale: int
-    n: int
-    seed: int
-    output_format: str
-    output_compression: int | None
-    sampling: SamplingParams
-    guidance: float  # AR guidance scale; <= 1: off
-    dit_knobs: dict[str, Any]
-    knobs: dict[str, Any]  # every knob the request runs with, defaults filled in
-    text_positions: int
-    image_positions: int
-    partial_images: int = 0  # previews per image the renderer sends (StreamImage)
-    decoding: Decoding = field(default_factory=Decoding)  # how many tokens a forward may decide (ar_decoding)
 
 
 @dataclass
@@ -267,28 +229,13 @@ class AREngine:
         self.serving = checkpoint.serving
         self.knob_table = knob_table
         self.renderer = renderer
-        self.model_id = model_id or checkpoint.name
-        self.max_prompt_tokens = max_prompt_tokens
-        self.max_pixels = max_pixels  # None: the largest side squared is the only bound
-        # Pixels per visual token is a serving fact (ardit_serving.json, default 16 as vllm-omni), not a model one.
-        self.pixels_per_token = checkpoint.serving.pixels_per_token
-        self.size_multiple = math.lcm(self.pixels_per_token, checkpoint.size_multiple)
-        # AR sampling defaults come from the checkpoint's generation config, then its ardit_serving.json knob
-        # defaults (which may also set the DiT's: guidance, steps) over the family's.
-        self.ar_defaults = {**loaded.t2i.sampling_defaults,
-                            **knob_table.checkpoint_defaults(checkpoint.serving.knob_defaults, "ar")}
-        self.dit_defaults = knob_table.checkpoint_defaults(checkpoint.serving.knob_defaults, "dit")
-        # Where the released code and ardit's defaults differ, the checkpoint's ardit_serving.json picks (see
-        # servicekit.checkpoint.ServingDefaults): the visual range, which rows become the image condition, the
-        # negative prompt used when a request gives none.
-        self.choices = DecodeChoices.from_serving(loaded.t2i, loaded.config, loaded.tokenizer, self.serving)
-        # Strings the tokenizer turns into control tokens: inside a prompt they would rewrite the envelope.
-        self._control_tokens = tuple(sorted(loaded.tokenizer.get_added_vocab(), key=len, reverse=True))
-        if self.choices.default_negative_prompt.strip():
-            try:
-                self._check_text(self.choices.default_negative_prompt, "negative_prompt")
-            except RequestRejected as exc:
-                raise ValueError(f"default_negative_prompt in the checkpoint's serving settings: {exc}") from exc
+        self.planner = RequestPlanner(
+            loaded, checkpoint, knob_table, self._decodes, model_id=model_id, max_prompt_tokens=max_prompt_tokens,
+            max_pixels=max_pixels,
+        )
+        self.model_id = self.planner.model_id
+        self.ar_defaults = self.planner.ar_defaults
+        self.choices = self.planner.choices
         self.max_batch_size = max_batch_size
         self.max_queued_requests = max_queued_requests
         self.metrics = metrics or EngineMetrics(max_batch_size)
@@ -319,7 +266,7 @@ class AREngine:
                 ", compiled" if compile_decode else "",
             )
             started = time.perf_counter()
-            default = grid_for_size(self.serving.default_width, self.serving.default_height, self.pixels_per_token)
+            default = grid_for_size(self.serving.default_width, self.serving.default_height, self.planner.pixels_per_token)
             typical = len(prompt_ids_for(loaded.tokenizer, "", default)) + min(256, max_prompt_tokens)
             graphs = static.warm_up(typical + default.decode_tokens)
             if graphs:
@@ -349,207 +296,19 @@ class AREngine:
         self._worker.start()
 
     def max_positions(self) -> int:
-        """Positions the longest accepted request needs (longest prompt + largest grid) plus one scratch position."""
-        ppt, side = self.pixels_per_token, self.serving.max_side
-        grid = grid_for_size(side - side % ppt, side - side % ppt, ppt)
-        decode = grid.decode_tokens
-        if self.max_pixels is not None:  # a grid of at most max_pixels / ppt^2 tokens plus one EOL per row
-            decode = min(decode, self.max_pixels // ppt**2 + side // ppt + 1)
-        envelope = len(prompt_ids_for(self.loaded.tokenizer, "", grid))
-        needed = envelope + self.max_prompt_tokens + decode
-        return min(needed, self.loaded.config.max_position_embeddings) + 1
-
-    # -- the model card ---------------------------------------------------------------------
+        """The planner's ``max_positions``: what the fast decoder's cache must hold."""
+        return self.planner.max_positions()
 
     def model_card(self) -> dict[str, Any]:
-        defaults = {**self.ar_defaults, **self.dit_defaults}
-        knobs = [{"knob": knob, "default": defaults.get(knob.name, knob.default)} for knob in self.knob_table.knobs]
-        return {
-            "id": self.model_id,
-            "family": self.checkpoint.family,
-            "default_width": self.serving.default_width,
-            "default_height": self.serving.default_height,
-            "max_side": self.serving.max_side,
-            "size_multiple": self.size_multiple,
-            "max_prompt_tokens": self.max_prompt_tokens,
-            "knobs": knobs,
-            "quality_steps": dict(self.knob_table.quality_steps),
-            "max_upscale": self.serving.max_upscale,
-        }
+        return self.planner.model_card()
 
-    # -- planning ---------------------------------------------------------------------------
-
-    def plan(
-        self,
-        *,
-        request_id: str = "",
-        model: str = "",
-        prompt: str,
-        negative_prompt: str = "",
-        width: int = 0,
-        height: int = 0,
-        n: int = 1,
-        seed: int | None = None,
-        output_format: str = "png",
-        output_compression: int | None = None,
-        quality: str = "",
-        knobs: dict[str, Any] | None = None,
-        partial_images: int = 0,
-    ) -> ImagePlan:
-        """Checks a request against the model; raises RequestRejected naming the parameter at fault."""
-        if model and model != self.model_id:
-            raise RequestRejected(
-                f"model '{model}' is not served here; served models: {self.model_id}",
-                param="model",
-                code=grpc.StatusCode.NOT_FOUND,
-            )
-        if not prompt or not prompt.strip():
-            raise RequestRejected("'prompt' must be a non-empty string", param="prompt")
-        if not 1 <= n <= MAX_IMAGES:
-            raise RequestRejected(f"'n' must be between 1 and {MAX_IMAGES}; got {n}", param="n")
-        width, height, upscale = self._check_size(width, height)
-        if output_format not in FORMATS:
-            raise RequestRejected(f"'output_format' must be one of {', '.join(FORMATS)}", param="output_format")
-        if output_compression is not None:
-            if output_format == "png":
-                raise RequestRejected("'output_compression' applies to jpeg and webp only", param="output_compression")
-            if not 0 <= output_compression <= 100:
-                raise RequestRejected("'output_compression' must be between 0 and 100", param="output_compression")
-        if quality not in QUALITIES:
-            raise RequestRejected(f"'quality' must be one of {', '.join(q for q in QUALITIES if q)}", param="quality")
-        if not 0 <= partial_images <= MAX_PARTIAL_IMAGES:
-            raise RequestRejected(
-                f"'partial_images' must be between 0 and {MAX_PARTIAL_IMAGES}; got {partial_images}", param="partial_images"
-            )
-
-        given = self.knob_table.validate(knobs or {})
-        if "seed" in given:
-            if seed is not None and seed != given["seed"]:
-                raise RequestRejected("'seed' given twice with different values", param="seed")
-            seed = given.pop("seed")
-        if seed is None:
-            seed = secrets.randbelow(2**32)
-        elif not 0 <= seed < 2**63:
-            raise RequestRejected("'seed' must be between 0 and 2**63 - 1", param="seed")
-        ar_given = {k: v for k, v in given.items() if k in self.knob_table.names(("ar",))}
-        dit_given = {k: v for k, v in given.items() if k in self.knob_table.names(("dit",))}
-        ar_knobs = self.knob_table.resolve(ar_given, self.ar_defaults, stages=("ar",))
-        preset = self.knob_table.steps_for_quality(quality)
-        if preset is not None and "num_inference_steps" not in dit_given:
-            dit_given["num_inference_steps"] = preset
-        dit_knobs = self.knob_table.resolve(dit_given, self.dit_defaults, stages=("dit",))
-
-        grid = grid_for_size(width // upscale, height // upscale, self.pixels_per_token)
-        prompt_ids = self._prompt_ids(prompt, grid, "prompt")
-        negative_ids = self._negative_ids(negative_prompt, dit_knobs)
-        longest = max(len(prompt_ids), len(negative_ids or ()))
-        if longest + grid.decode_tokens > self.loaded.config.max_position_embeddings:
-            raise RequestRejected(
-                f"prompt and a {grid.width}x{grid.height}-token grid need {longest + grid.decode_tokens} positions; "
-                f"the model holds {self.loaded.config.max_position_embeddings}: shorten the prompt or the size",
-                param="size",
-            )
-        config, scope = self.loaded.config, self.choices.condition_scope
-        end = question_end(len(prompt_ids), grid, scope)
-        text_positions = int(text_condition_mask(prompt_ids, config, end).sum())
-        decoding = self._decoding(ar_knobs, ar_given)
-        return ImagePlan(
-            request_id=request_id or f"img-{uuid.uuid4().hex}",
-            model=self.model_id,
-            prompt_ids=prompt_ids,
-            negative_ids=negative_ids,
-            grid=grid,
-            width=width,
-            height=height,
-            upscale=upscale,
-            n=n,
-            seed=seed,
-            output_format=output_format,
-            output_compression=output_compression,
-            sampling=SamplingParams(ar_knobs["temperature"], ar_knobs["top_k"], ar_knobs["top_p"]),
-            guidance=ar_knobs["ar_cfg_scale"],
-            dit_knobs=dit_knobs,
-            knobs={**ar_knobs, **dit_knobs},
-            text_positions=text_positions,
-            image_positions=image_condition_positions(prompt_ids, grid, scope, config),
-            partial_images=partial_images,
-            decoding=decoding,
-        )
-
-    def _decoding(self, ar_knobs: dict[str, Any], given: dict[str, Any]) -> Decoding:
-        """The request's decoding mode (knobs ``ar_decoding``, ``ar_decoding_window``), checked against the decoder."""
-        mode, window = ar_knobs["ar_decoding"], ar_knobs["ar_decoding_window"]
-        if mode == SEQUENTIAL:
-            if window > 1 and "ar_decoding_window" in given:
-                raise RequestRejected(
-                    "'ar_decoding_window' applies to ar_decoding 'speculative' and 'row_parallel'; sequential decoding "
-                    "feeds one token per forward", param="ar_decoding_window",
-                )
-            return Decoding()
-        decoding = Decoding(mode, window or (DEFAULT_SPEC_WINDOW if mode == SPECULATIVE else DEFAULT_ROW_WINDOW))
-        if not self._decodes(decoding):
-            accepted = [m for m in (SEQUENTIAL, SPECULATIVE) if self._decodes(Decoding(m))]
-            raise RequestRejected(
-                f"'ar_decoding' {mode!r} is not available on this server: it decodes in fixed slots (fast_decode"
-                f"{', torch kernels' if mode == SPECULATIVE else ''}); accepted here: "
-                f"{', '.join(repr(m) for m in accepted)}", param="ar_decoding",
-            )
-        return decoding
+    def plan(self, **request: Any) -> ImagePlan:
+        """The planner's ``plan`` (ar_service/planning.py), for callers that hold only the engine."""
+        return self.planner.plan(**request)
 
     def _decodes(self, decoding: Decoding) -> bool:
         return isinstance(self.decoder, EagerDecoder) or self.decoder.decodes(decoding)
 
-    def _check_size(self, width: int, height: int) -> tuple[int, int, int]:
-        """(width, height, factor) of the answer: the model renders width/factor x height/factor (prompt.upscale_for)."""
-        if width == 0 and height == 0:
-            return self.serving.default_width, self.serving.default_height, 1
-        limit, multiple, most = self.serving.max_side, self.size_multiple, self.serving.max_upscale
-        render_side = max(self.serving.default_width, self.serving.default_height)
-        factor = upscale_for(width, height, multiple, limit, most, render_side)
-        if factor is None:
-            accepted = f"multiples of {multiple} between {multiple} and {limit}"
-            if most > 1:
-                accepted += (
-                    f", or a size of sides at most {min(render_side, limit)} times a whole factor up to {most} "
-                    f"(drawn at that size and enlarged), e.g. {render_side * most}x{render_side * most}"
-                )
-            raise RequestRejected(
-                f"'size' {width}x{height} is not accepted: width and height must be {accepted}", param="size"
-            )
-        rendered = (width // factor) * (height // factor)
-        if self.max_pixels is not None and rendered > self.max_pixels:
-            raise RequestRejected(
-                f"'size' {width}x{height} renders {rendered} pixels; at most {self.max_pixels} per image are accepted",
-                param="size",
-            )
-        return width, height, factor
-
-    def _check_text(self, text: str, param: str) -> None:
-        for token in self._control_tokens:
-            if token in text:
-                raise RequestRejected(f"'{param}' must not contain the model's control token {token!r}", param=param)
-        count = len(self.loaded.tokenizer(text, add_special_tokens=False)["input_ids"])
-        if count > self.max_prompt_tokens:
-            raise RequestRejected(
-                f"'{param}' is {count} tokens long; at most {self.max_prompt_tokens} are accepted", param=param
-            )
-
-    def _prompt_ids(self, text: str, grid: Grid, param: str) -> list[int]:
-        self._check_text(text, param)
-        return prompt_ids_for(self.loaded.tokenizer, text, grid)
-
-    def _negative_ids(self, negative_prompt: str, dit_knobs: dict[str, Any]) -> list[int] | None:
-        """The negative envelope's ids: the request's negative prompt, else the model's default one (the released
-        README's unless the checkpoint's serving settings say otherwise); None when that is empty (the DiT then
-        guides against the empty condition) or when the DiT will not guide at all."""
-        if negative_prompt.strip():
-            self._check_text(negative_prompt, "negative_prompt")
-            text = negative_prompt
-        else:
-            text = self.choices.default_negative_prompt
-        if not text.strip() or dit_knobs["text_guidance_scale"] <= 1.0:
-            return None
-        return negative_prompt_ids(self.loaded.tokenizer, text)
 
     # -- admission and status --------------------------------------------------------------
 
