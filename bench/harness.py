@@ -60,7 +60,8 @@ from bench.services import GpuMemoryWatch, ServiceStack, make_model_dir
 
 PROMPT = "a photo of a red fox sitting in fresh snow, golden hour"
 STAGE_KEYS = ("ar_prefill_ms", "ar_decode_ms", "condition_transfer_ms", "dit_queue_ms", "denoise_ms", "vae_decode_ms",
-              "encode_ms", "gateway_ms", "total_ms", "ar_tokens", "transformer_calls")
+              "encode_ms", "gateway_ms", "total_ms", "ar_tokens", "ar_forwards", "transformer_calls",
+              "dit_steps_computed", "dit_steps_skipped")
 RAW_NAME = "raw.json"
 LOGS_DIR = "raw"  # the services' logs (bench/results/*/raw/ is not tracked)
 
@@ -283,6 +284,10 @@ def stage_means(done: list[Outcome]) -> dict:
         if values:
             stages[key] = statistics.fmean(values)
     stages["ar_ms_per_token"] = statistics.fmean(o.timings["ar_decode_ms"] / max(1, o.timings["ar_tokens"]) for o in done)
+    counted = [o for o in done if o.timings.get("ar_forwards")]
+    if counted:  # tokens over forwards, summed over requests (ar_decoding speculative / row_parallel raise it above 1)
+        stages["ar_tokens_per_forward"] = (sum(o.timings["ar_tokens"] for o in counted)
+                                           / sum(o.timings["ar_forwards"] for o in counted))
     # What the client waited beyond the answering service's own wall clock (and the gateway's own time):
     # serialisation, the HTTP and gRPC hops, base64.
     stages["client_unaccounted_ms"] = statistics.fmean(

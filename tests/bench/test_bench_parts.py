@@ -128,6 +128,16 @@ def test_summary_of_given_outcomes():
     assert summary["throughput_images_per_s"] > 0
     assert summary["throughput_images_per_s"] == pytest.approx(5 / 9)
     assert summary["stages_ms"]["ar_ms_per_token"] == pytest.approx(2.0)
+    assert "ar_tokens_per_forward" not in summary["stages_ms"]  # services that count no forwards
+
+
+def test_summary_reports_the_ar_tokens_decided_per_forward():
+    """Requests of 73 tokens in 72 and in 14 forwards: 146 tokens over 86 forwards, and the mean forwards."""
+    outcomes = [Outcome(k, 0.0, 1.0, images=1, timings={"ar_decode_ms": 10.0, "ar_tokens": 73, "ar_forwards": f})
+                for k, f in enumerate((72, 14))]
+    stages = summarize(outcomes)["stages_ms"]
+    assert stages["ar_tokens_per_forward"] == pytest.approx(146 / 86)
+    assert stages["ar_forwards"] == pytest.approx(43.0)
 
 
 def test_steady_throughput_leaves_out_the_ramp_and_the_drain():
