@@ -230,8 +230,8 @@ class AREngine:
         self.knob_table = knob_table
         self.renderer = renderer
         self.planner = RequestPlanner(
-            loaded, checkpoint, knob_table, self._decodes, model_id=model_id, max_prompt_tokens=max_prompt_tokens,
-            max_pixels=max_pixels,
+            loaded, checkpoint, knob_table, lambda decoding: self.decoder.decodes(decoding), model_id=model_id,
+            max_prompt_tokens=max_prompt_tokens, max_pixels=max_pixels,
         )
         self.model_id = self.planner.model_id
         self.ar_defaults = self.planner.ar_defaults
@@ -275,7 +275,7 @@ class AREngine:
             decoder = SlotDecoder(static)
         self.decoder = decoder or EagerDecoder(loaded.model, rows)
         default_mode = self.ar_defaults.get("ar_decoding", SEQUENTIAL)
-        if not self._decodes(Decoding(default_mode)):
+        if not self.decoder.decodes(Decoding(default_mode)):
             raise ValueError(f"the checkpoint's default ar_decoding {default_mode!r} cannot run on this server's "
                              "fast decoder")
         self._lock = threading.RLock()  # re-entered when a cancel inside the worker wakes the worker
@@ -305,10 +305,6 @@ class AREngine:
     def plan(self, **request: Any) -> ImagePlan:
         """The planner's ``plan`` (ar_service/planning.py), for callers that hold only the engine."""
         return self.planner.plan(**request)
-
-    def _decodes(self, decoding: Decoding) -> bool:
-        return isinstance(self.decoder, EagerDecoder) or self.decoder.decodes(decoding)
-
 
     # -- admission and status --------------------------------------------------------------
 

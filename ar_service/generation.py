@@ -551,6 +551,10 @@ class EagerDecoder:
     def __init__(self, model: MammothModa2AR, pad_to: int = DEFAULT_PAD_TO) -> None:
         self.model, self.pad_to = model, pad_to
 
+    def decodes(self, decoding: Decoding) -> bool:
+        """Every mode runs here: each stream has a cache of its own and feeds any number of lanes."""
+        return True
+
     def admit(self, stream: DecodeStream) -> None:
         """Nothing to do: the stream decodes in its own cache."""
 

@@ -30,14 +30,15 @@ from ar_service.generation import (
 from ar_service.model.loading import LoadedAR
 from ar_service.prompt import Grid, grid_for_size, upscale_for
 from ar_service.sampling import SamplingParams
+from protos.formats import FORMATS
 from protos.knobs import KnobTable
 from protos.previews import MAX_PARTIAL_IMAGES
 from protos.status import RequestRejected
 from servicekit.checkpoint import PipelineCheckpoint
 
 MAX_IMAGES = 10
-FORMATS = ("png", "jpeg", "webp")
 QUALITIES = ("", "auto", "low", "medium", "high", "standard", "hd")
+
 
 @dataclass
 class ImagePlan:

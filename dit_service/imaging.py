@@ -7,7 +7,8 @@ import io
 import numpy as np
 from PIL import Image
 
-FORMATS = ("png", "jpeg", "webp")
+from protos.formats import FORMATS
+
 # Quality when the caller gives no output_compression: 90 keeps JPEG/WebP artefacts hard to see at a fraction of
 # PNG's size (Pillow's own defaults are 75 and 80).
 DEFAULT_QUALITY = 90

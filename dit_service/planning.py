@@ -17,12 +17,12 @@ from typing import Any
 import grpc
 import torch
 
+from protos.formats import FORMATS
 from protos.knobs import KnobTable
 from protos.previews import MAX_PARTIAL_IMAGES, preview_steps
 from protos.status import RequestRejected
 from servicekit.checkpoint import MAX_UPSCALE, ModelIdentity
 
-FORMATS = ("png", "jpeg", "webp")
 CONDITION_KINDS = ("text", "image", "negative")
 MAX_IMAGES = 10
 #: The most pixels of one enlarged picture (RenderHeader.upscale): 8192x8192, 192 MiB of RGB before encoding.

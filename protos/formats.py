@@ -9,6 +9,8 @@ FORMAT_ENUMS: dict[str, common_pb2.OutputFormat] = {
     "jpeg": common_pb2.OUTPUT_FORMAT_JPEG,
     "webp": common_pb2.OUTPUT_FORMAT_WEBP,
 }
+#: The output formats both services accept, by name.
+FORMATS = tuple(FORMAT_ENUMS)
 _NAMES: dict[int, str] = {value: name for name, value in FORMAT_ENUMS.items()}
 
 
