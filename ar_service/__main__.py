@@ -22,8 +22,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
     refuse_busy_ports("ar_service", settings.host, settings.port, settings.metrics_port)  # before the slow imports and the load
     tracing.setup("ar_service")  # off unless the OTEL_* environment asks for it
 
+    from ar_service.decoding.decoders import ROWS_PER_IMAGE
     from ar_service.engine import AREngine
-    from ar_service.generation import ROWS_PER_IMAGE
     from ar_service.model.loading import load_ar
     from ar_service.model.static_decode import resolve_decode_kernels
     from ar_service.render_client import GrpcRenderer

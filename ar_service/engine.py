@@ -1,6 +1,6 @@
 """ar_service's engine: decodes each planned image's grid, streams it to the renderer.
 
-Between the gRPC transport (server.py) and the model (model/, generation.py); requests are checked into plans by
+Between the gRPC transport (server.py) and the model (model/, prefill.py, decoding/); requests are checked into plans by
 its ``planner`` (ar_service/planning.py) before they reach the queue. One worker
 thread owns the AR model and runs continuous batching: requests wait in a bounded FIFO queue
 (full: refused at once with RESOURCE_EXHAUSTED and a retry-after estimate); each image of a
@@ -29,25 +29,21 @@ import grpc
 import torch
 
 from ar_service import events
+from ar_service.conditions import ALL_GENERATED, ConditionLengthError, prompt_ids_for
 from ar_service.decoding import SEQUENTIAL, Decoding
-from ar_service.generation import (
-    ALL_GENERATED,
-    PREFILL_MEMO_ENTRIES,
-    ROWS_PER_IMAGE,
-    ConditionLengthError,
-    DecodeStream,
-    EagerDecoder,
-    PrefillMemo,
-    SlotDecoder,
-    build_prefix_cache,
-    negative_condition_for,
-    prompt_ids_for,
-    system_prefix_ids,
-)
+from ar_service.decoding.decoders import ROWS_PER_IMAGE, EagerDecoder, SlotDecoder
+from ar_service.decoding.stream import DecodeStream
 from ar_service.metrics import EngineMetrics
 from ar_service.model.loading import LoadedAR
 from ar_service.model.static_decode import StaticDecoder
 from ar_service.planning import ImagePlan, RequestPlanner
+from ar_service.prefill import (
+    PREFILL_MEMO_ENTRIES,
+    PrefillMemo,
+    build_prefix_cache,
+    negative_condition_for,
+    system_prefix_ids,
+)
 from ar_service.prompt import grid_for_size
 from ar_service.render_client import RenderHeader, RenderSession
 from protos.knobs import KnobTable

@@ -18,8 +18,7 @@ from typing import Any
 
 import grpc
 
-from ar_service.decoding import DEFAULT_ROW_WINDOW, DEFAULT_SPEC_WINDOW, SEQUENTIAL, SPECULATIVE, Decoding
-from ar_service.generation import (
+from ar_service.conditions import (
     DecodeChoices,
     image_condition_positions,
     negative_prompt_ids,
@@ -27,6 +26,7 @@ from ar_service.generation import (
     question_end,
     text_condition_mask,
 )
+from ar_service.decoding import DEFAULT_ROW_WINDOW, DEFAULT_SPEC_WINDOW, SEQUENTIAL, SPECULATIVE, Decoding
 from ar_service.model.loading import LoadedAR
 from ar_service.prompt import Grid, grid_for_size, upscale_for
 from ar_service.sampling import SamplingParams

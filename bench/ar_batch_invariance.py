@@ -24,18 +24,13 @@ from pathlib import Path
 
 import torch
 
-from ar_service.generation import (
-    DecodeStream,
-    EagerDecoder,
-    SlotDecoder,
-    build_prefix_cache,
-    decode_together,
-    prompt_ids_for,
-    system_prefix_ids,
-)
+from ar_service.conditions import prompt_ids_for
+from ar_service.decoding.decoders import EagerDecoder, SlotDecoder, decode_together
+from ar_service.decoding.stream import DecodeStream
 from ar_service.model.loading import load_ar
 from ar_service.model.static_decode import StaticDecoder
 from ar_service.model.tiny import write_ar_only_root
+from ar_service.prefill import build_prefix_cache, system_prefix_ids
 from ar_service.prompt import grid_for_size
 from ar_service.sampling import SamplingParams
 from bench.report import emit

@@ -161,7 +161,7 @@ class ARBench:
 
     def decode_ms(self, positions: list[int]) -> dict:
         """GPU time of one captured decode step at one row (the services' default decoder), per cache length."""
-        from ar_service.generation import ROWS_PER_IMAGE
+        from ar_service.decoding.decoders import ROWS_PER_IMAGE
         from ar_service.model.static_decode import StaticDecoder, resolve_decode_kernels
         from ar_service.settings import ARSettings
         from bench.decode_profile import step_ms

@@ -317,7 +317,7 @@ def machine_info(device: str) -> dict:
 
 def text_positions(model_dir: Path, size: int, pixels_per_token: int) -> tuple[int, int, int]:
     """(text condition positions of PROMPT at this size, grid width, grid height): what the AR hands the DiT."""
-    from ar_service.generation import prompt_ids_for, text_condition_mask
+    from ar_service.conditions import prompt_ids_for, text_condition_mask
     from ar_service.model.configuration import ar_config_from_dict
     from ar_service.model.loading import load_tokenizer
     from ar_service.prompt import grid_for_size

@@ -30,18 +30,11 @@ from pathlib import Path
 
 import torch
 
-from ar_service.generation import (
-    ROWS_PER_IMAGE,
-    DecodeChoices,
-    PrefillMemo,
-    build_prefix_cache,
-    generate_grid,
-    negative_condition_for,
-    negative_prompt_ids,
-    prompt_ids_for,
-    system_prefix_ids,
-)
+from ar_service.conditions import DecodeChoices, negative_prompt_ids, prompt_ids_for
+from ar_service.decoding.decoders import ROWS_PER_IMAGE
+from ar_service.generation import generate_grid
 from ar_service.model.loading import LoadedAR, load_ar
+from ar_service.prefill import PrefillMemo, build_prefix_cache, negative_condition_for, system_prefix_ids
 from ar_service.prompt import grid_for_size
 from ar_service.sampling import SamplingParams
 from bench.timing import sync
@@ -94,7 +87,7 @@ class InProcessPipeline:
         if mode == "eager" or (mode == "auto" and self.device.type != "cuda"):
             self.decoder, self.decoder_name = None, "eager"
             return
-        from ar_service.generation import SlotDecoder
+        from ar_service.decoding.decoders import SlotDecoder
         from ar_service.model.static_decode import StaticDecoder, resolve_decode_kernels
 
         cuda = self.device.type == "cuda"

@@ -6,7 +6,7 @@
 Before its first decode step, a guided 512x512 image with the default negative prompt runs three eager forwards on
 ar_service's worker (every stream in the batch waits meanwhile): the negative prompt (the DiT's unconditional
 condition), the prompt after the shared system prefix, and the 10-token unconditional row of AR guidance. The memo
-(``ar_service.generation.PrefillMemo``) keeps the first and the last by their ids. Each part is the median wall time
+(``ar_service.prefill.PrefillMemo``) keeps the first and the last by their ids. Each part is the median wall time
 of ``--repeats`` calls after one untimed call, the device synchronised around each: fresh, and as a memo hit.
 ``stream_ms``: the whole ``DecodeStream`` set-up (prompt prefill, unconditional row, text condition, first draw),
 without a memo and with a warm one. ``per_image_ms``: the negative condition plus the stream, both ways.
@@ -35,39 +35,40 @@ def _median_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> 
 
 @torch.inference_mode()
 def measure(loaded, device: torch.device, repeats: int) -> dict:
-    from ar_service import generation as g
+    from ar_service import conditions, prefill
+    from ar_service.decoding.stream import UNCOND_PROMPT_TOKENS, DecodeStream, UnconditionalRow
     from ar_service.prompt import grid_for_size
     from ar_service.sampling import SamplingParams
     from servicekit.checkpoint import RELEASED_NEGATIVE_PROMPT
 
     model, tokenizer = loaded.model, loaded.tokenizer
     grid = grid_for_size(SIZE, SIZE, 16)
-    prompt_ids = g.prompt_ids_for(tokenizer, PROMPT, grid)
-    negative_ids = g.negative_prompt_ids(tokenizer, RELEASED_NEGATIVE_PROMPT)
-    prefix_ids = g.system_prefix_ids(tokenizer)
-    prefix = g.build_prefix_cache(model, prefix_ids)
-    warm = g.PrefillMemo()
+    prompt_ids = conditions.prompt_ids_for(tokenizer, PROMPT, grid)
+    negative_ids = conditions.negative_prompt_ids(tokenizer, RELEASED_NEGATIVE_PROMPT)
+    prefix_ids = prefill.system_prefix_ids(tokenizer)
+    prefix = prefill.build_prefix_cache(model, prefix_ids)
+    warm = prefill.PrefillMemo()
 
     def stream(memo):
-        return g.DecodeStream(model, prompt_ids, grid, loaded.t2i, SamplingParams(), 0, prefix_ids=prefix_ids,
-                              prefix=prefix, reserve=False, guidance=2.0, memo=memo)
+        return DecodeStream(model, prompt_ids, grid, loaded.t2i, SamplingParams(), 0, prefix_ids=prefix_ids,
+                            prefix=prefix, reserve=False, guidance=2.0, memo=memo)
 
     parts = {
-        "negative_ms": _median_ms(lambda: g.negative_condition_for(model, negative_ids, prefix_ids, prefix), device, repeats),
+        "negative_ms": _median_ms(lambda: prefill.negative_condition_for(model, negative_ids, prefix_ids, prefix), device, repeats),
         "negative_memo_hit_ms": _median_ms(
-            lambda: g.negative_condition_for(model, negative_ids, prefix_ids, prefix, warm), device, repeats),
+            lambda: prefill.negative_condition_for(model, negative_ids, prefix_ids, prefix, warm), device, repeats),
         "prompt_prefill_ms": _median_ms(
-            lambda: g.text_condition_for(model, prompt_ids, prefix_ids=prefix_ids, prefix=prefix), device, repeats),
-        "unconditional_row_ms": _median_ms(lambda: g.UnconditionalRow(model, prompt_ids, grid, False), device, repeats),
+            lambda: prefill.text_condition_for(model, prompt_ids, prefix_ids=prefix_ids, prefix=prefix), device, repeats),
+        "unconditional_row_ms": _median_ms(lambda: UnconditionalRow(model, prompt_ids, grid, False), device, repeats),
         "unconditional_row_memo_hit_ms": _median_ms(
-            lambda: g.UnconditionalRow(model, prompt_ids, grid, False, warm), device, repeats),
+            lambda: UnconditionalRow(model, prompt_ids, grid, False, warm), device, repeats),
         "stream_ms": _median_ms(lambda: stream(None), device, repeats),
         "stream_memo_hit_ms": _median_ms(lambda: stream(warm), device, repeats),
     }
     parts["per_image_ms"] = round(parts["negative_ms"] + parts["stream_ms"], 3)
     parts["per_image_memo_hit_ms"] = round(parts["negative_memo_hit_ms"] + parts["stream_memo_hit_ms"], 3)
     return {"prompt_tokens": len(prompt_ids), "negative_tokens": len(negative_ids), "prefix_tokens": len(prefix_ids),
-            "unconditional_tokens": g.UNCOND_PROMPT_TOKENS, **parts}
+            "unconditional_tokens": UNCOND_PROMPT_TOKENS, **parts}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,8 @@ import time
 
 import torch
 
-from ar_service.generation import generate_grid, prompt_ids_for
+from ar_service.conditions import prompt_ids_for
+from ar_service.generation import generate_grid
 from ar_service.model.tokenizer import build_tokenizer
 from ar_service.sampling import SamplingParams
 from protos.knobs import MAMMOTHMODA2_KNOBS

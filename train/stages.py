@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ar_service.generation import image_condition_mask, prompt_ids_for, text_condition_mask
+from ar_service.conditions import image_condition_mask, prompt_ids_for, text_condition_mask
 from ar_service.model.modeling import MammothModa2AR
 from ar_service.model.tokenizer import build_tokenizer
 from ar_service.prompt import Grid, grid_for_size

@@ -11,16 +11,12 @@ import pytest
 import torch
 
 from ar_service import events
+from ar_service.conditions import prompt_ids_for
+from ar_service.decoding.decoders import EagerDecoder, decode_together
+from ar_service.decoding.stream import DecodeStream
 from ar_service.engine import AREngine, QueueFull
-from ar_service.generation import (
-    DecodeStream,
-    EagerDecoder,
-    build_prefix_cache,
-    decode_together,
-    generate_grid,
-    prompt_ids_for,
-    system_prefix_ids,
-)
+from ar_service.generation import generate_grid
+from ar_service.prefill import build_prefix_cache, system_prefix_ids
 from ar_service.prompt import grid_for_size
 from ar_service.sampling import SamplingParams
 from protos.knobs import FAMILIES

@@ -13,19 +13,17 @@ import pytest
 import torch
 
 from ar_service import events
-from ar_service.generation import (
+from ar_service.conditions import (
     ANSWER_WINDOW,
-    build_prefix_cache,
-    generate_grid,
     image_condition_positions,
-    negative_condition_for,
     negative_prompt_ids,
     prompt_ids_for,
-    system_prefix_ids,
     text_condition_mask,
 )
+from ar_service.generation import generate_grid
 from ar_service.model.tiny import PREVIEW_T2I, tiny_t2i
 from ar_service.model.tokenizer import IMAGE_END_TOKEN
+from ar_service.prefill import build_prefix_cache, negative_condition_for, system_prefix_ids
 from ar_service.prompt import grid_for_size
 from ar_service.sampling import SamplingParams
 from servicekit.checkpoint import RELEASED_NEGATIVE_PROMPT, ServingDefaults, open_checkpoint

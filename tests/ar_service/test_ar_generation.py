@@ -1,16 +1,15 @@
 import pytest
 import torch
 
-from ar_service.generation import (
+from ar_service.conditions import (
     ConditionLengthError,
-    GenerationCancelled,
     check_image_condition,
-    generate_grid,
     image_condition_mask,
     prompt_ids_for,
-    text_condition_for,
     text_condition_mask,
 )
+from ar_service.generation import GenerationCancelled, generate_grid
+from ar_service.prefill import text_condition_for
 from ar_service.prompt import grid_for_size
 from ar_service.sampling import SamplingParams
 

@@ -14,19 +14,13 @@ import pytest
 import torch
 
 from ar_service import events
-from ar_service.generation import (
-    UNCOND_PROMPT_TOKENS,
-    DecodeStream,
-    EagerDecoder,
-    SlotDecoder,
-    build_prefix_cache,
-    decode_together,
-    generate_grid,
-    prompt_ids_for,
-    system_prefix_ids,
-)
+from ar_service.conditions import prompt_ids_for
+from ar_service.decoding.decoders import EagerDecoder, SlotDecoder, decode_together
+from ar_service.decoding.stream import UNCOND_PROMPT_TOKENS, DecodeStream
+from ar_service.generation import generate_grid
 from ar_service.model.static_decode import StaticDecoder
 from ar_service.model.t2i_config import RELEASED_AR_CFG_SCALE, T2IGenerationConfig
+from ar_service.prefill import build_prefix_cache, system_prefix_ids
 from ar_service.prompt import allowed_token_range, grid_for_size
 from ar_service.sampling import RowSampling, SamplingParams, guided, sample_rows
 from protos.status import RequestRejected

@@ -13,17 +13,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ar_service.generation import (
-    DecodeStream,
-    SlotDecoder,
-    build_prefix_cache,
-    decode_together,
-    generate_grid,
-    prompt_ids_for,
-    system_prefix_ids,
-)
+from ar_service.conditions import prompt_ids_for
+from ar_service.decoding.decoders import SlotDecoder, decode_together
+from ar_service.decoding.stream import DecodeStream
+from ar_service.generation import generate_grid
 from ar_service.model import decode_kernels
 from ar_service.model.static_decode import StaticDecoder, _attend, _rms_norm, _rotate, resolve_decode_kernels
+from ar_service.prefill import build_prefix_cache, system_prefix_ids
 from ar_service.prompt import grid_for_size
 from ar_service.sampling import SamplingParams
 

@@ -12,11 +12,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ar_service.generation import SlotDecoder, build_prefix_cache, generate_grid, prompt_ids_for, system_prefix_ids
+from ar_service.conditions import prompt_ids_for
+from ar_service.decoding.decoders import SlotDecoder
+from ar_service.generation import generate_grid
 from ar_service.model import decode_kernels
 from ar_service.model.loading import load_ar
 from ar_service.model.quantize import fp8_linear_names
 from ar_service.model.static_decode import StaticDecoder, _rms_norm
+from ar_service.prefill import build_prefix_cache, system_prefix_ids
 from ar_service.prompt import grid_for_size
 from ar_service.sampling import SamplingParams
 from servicekit.fp8 import FP8Linear, dequantize, quantize_weight

@@ -12,18 +12,13 @@ import pytest
 import torch
 
 from ar_service import events
+from ar_service.conditions import prompt_ids_for
 from ar_service.decoding import Decoding, Speculative
-from ar_service.generation import (
-    DecodeStream,
-    EagerDecoder,
-    GenerationCancelled,
-    build_prefix_cache,
-    decode_together,
-    generate_grid,
-    prompt_ids_for,
-    system_prefix_ids,
-)
+from ar_service.decoding.decoders import EagerDecoder, decode_together
+from ar_service.decoding.stream import DecodeStream
+from ar_service.generation import GenerationCancelled, generate_grid
 from ar_service.model.loading import load_ar
+from ar_service.prefill import build_prefix_cache, system_prefix_ids
 from ar_service.prompt import grid_for_size
 from ar_service.sampling import SamplingParams
 from protos.status import RequestRejected
@@ -278,7 +273,7 @@ def test_the_slot_decoder_decodes_speculative_lanes_to_the_sequential_grid(tiny_
     """Lanes in the fixed slots (rows of one slot in one step): the sequential grid, guided and not, alone and beside
     a sequential stream, in fewer steps; the lanes are cut to the decoder's rows (6 here, for 2 guided streams).
     Triton's kernels run interpreted on the CPU, so they get a smaller grid."""
-    from ar_service.generation import SlotDecoder
+    from ar_service.decoding.decoders import SlotDecoder
     from ar_service.model import decode_kernels
     from ar_service.model.static_decode import StaticDecoder
 

@@ -9,19 +9,18 @@ import pytest
 import torch
 
 from ar_service import events
-from ar_service.generation import (
+from ar_service.conditions import negative_prompt_ids, prompt_ids_for
+from ar_service.decoding.decoders import SlotDecoder
+from ar_service.decoding.stream import UNCOND_PROMPT_TOKENS
+from ar_service.generation import generate_grid
+from ar_service.model.static_decode import StaticDecoder
+from ar_service.prefill import (
     PREFILL_MEMO_ENTRIES,
-    UNCOND_PROMPT_TOKENS,
     PrefillMemo,
-    SlotDecoder,
     build_prefix_cache,
-    generate_grid,
     negative_condition_for,
-    negative_prompt_ids,
-    prompt_ids_for,
     system_prefix_ids,
 )
-from ar_service.model.static_decode import StaticDecoder
 from ar_service.prompt import grid_for_size
 from ar_service.sampling import SamplingParams
 from ar_service.settings import ARSettings

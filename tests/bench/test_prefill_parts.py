@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from ar_service.generation import UNCOND_PROMPT_TOKENS
+from ar_service.decoding.stream import UNCOND_PROMPT_TOKENS
 from bench import prefill_parts
 
 

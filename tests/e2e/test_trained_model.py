@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from ar_service import events
-from ar_service.generation import generate_grid, prompt_ids_for
+from ar_service.conditions import prompt_ids_for
+from ar_service.generation import generate_grid
 from ar_service.model.loading import load_ar
 from ar_service.render_client import GrpcRenderer, RenderHeader
 from ar_service.sampling import SamplingParams

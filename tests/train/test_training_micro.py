@@ -9,7 +9,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ar_service.generation import generate_grid, prompt_ids_for
+from ar_service.conditions import prompt_ids_for
+from ar_service.generation import generate_grid
 from ar_service.model.loading import load_ar
 from ar_service.sampling import SamplingParams
 from dit_service.model.pipeline import DiTPipeline

@@ -2,7 +2,7 @@
 
 A decoding mode chooses, before each forward, which tokens a stream feeds (its *lanes*: token, RoPE position, cache
 index, and the raster index of the token each lane draws), and, after it, which of the hidden states and drawn tokens
-are final. The stream (``generation.DecodeStream``) commits final ones in raster order, so rows still reach the DiT
+are final. The stream (``decoding.stream.DecodeStream``) commits final ones in raster order, so rows still reach the DiT
 in order and the grid contract is checked as before; the scheduler only sees that a stream advanced.
 
 - ``sequential``: one lane, the last token drawn. Today's decode.
@@ -24,12 +24,12 @@ in order and the grid contract is checked as before; the scheduler only sees tha
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from ar_service.generation import DecodeStream
+from ar_service.prompt import Grid
+from ar_service.sampling import Draw
 
 SEQUENTIAL, SPECULATIVE, ROW_PARALLEL = "sequential", "speculative", "row_parallel"
 MODES = (SEQUENTIAL, SPECULATIVE, ROW_PARALLEL)
@@ -37,6 +37,21 @@ MODES = (SEQUENTIAL, SPECULATIVE, ROW_PARALLEL)
 DEFAULT_SPEC_WINDOW = 8
 #: Tokens a row runs ahead of the next in row-parallel decoding unless the request says otherwise.
 DEFAULT_ROW_WINDOW = 4
+
+
+class DecodeStream(Protocol):
+    """What a decoding mode reads and fills of its stream (``decoding.stream.DecodeStream``)."""
+
+    tokens: list[int]  # committed, in raster order
+    prompt_len: int
+    row_len: int  # grid width + its end of line
+    grid: Grid
+    ready_hidden: dict[int, torch.Tensor]  # raster index -> final hidden state, not yet committed
+    ready_tokens: dict[int, int]  # raster index -> final token, not yet committed
+
+    def feeds(self, index: int) -> bool: ...
+
+    def draw_at(self, step: int) -> Draw: ...
 
 
 class Lane(NamedTuple):
