@@ -26,7 +26,7 @@ from ar_service.conditions import (
     question_end,
     text_condition_mask,
 )
-from ar_service.decoding import DEFAULT_ROW_WINDOW, DEFAULT_SPEC_WINDOW, SEQUENTIAL, SPECULATIVE, Decoding
+from ar_service.decoding import DEFAULT_ROW_WINDOW, DEFAULT_SPEC_WINDOW, MODES, SEQUENTIAL, SPECULATIVE, Decoding
 from ar_service.model.loading import LoadedAR
 from ar_service.prompt import Grid, grid_for_size, upscale_for
 from ar_service.sampling import SamplingParams
@@ -244,11 +244,10 @@ class RequestPlanner:
             return Decoding()
         decoding = Decoding(mode, window or (DEFAULT_SPEC_WINDOW if mode == SPECULATIVE else DEFAULT_ROW_WINDOW))
         if not self.decodes(decoding):
-            accepted = [m for m in (SEQUENTIAL, SPECULATIVE) if self.decodes(Decoding(m))]
+            accepted = [m for m in MODES if self.decodes(Decoding(m))]
             raise RequestRejected(
-                f"'ar_decoding' {mode!r} is not available on this server: it decodes in fixed slots (fast_decode"
-                f"{', torch kernels' if mode == SPECULATIVE else ''}); accepted here: "
-                f"{', '.join(repr(m) for m in accepted)}", param="ar_decoding",
+                f"'ar_decoding' {mode!r} is not available on this server: its decoder feeds one token per image and "
+                f"forward; accepted here: {', '.join(repr(m) for m in accepted)}", param="ar_decoding",
             )
         return decoding
 

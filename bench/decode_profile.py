@@ -67,7 +67,7 @@ def set_rows(static: StaticDecoder, rows: int, position: int) -> None:
 
 def step_ms(static: StaticDecoder, rows: int, position: int) -> float:
     set_rows(static, rows, position)
-    bucket, _ = static.shape_for(list(range(rows)), [position] * rows)
+    bucket, _, _ = static.shape_for(list(range(rows)), [position] * rows)
     graph, _, _ = static._capture(bucket, rows)
     graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -190,7 +190,7 @@ def sampler_ms(static: StaticDecoder, rows: int) -> float:
 
 def kernel_table(static: StaticDecoder, rows: int, position: int, top: int = 25) -> list:
     set_rows(static, rows, position)
-    bucket, _ = static.shape_for(list(range(rows)), [position] * rows)
+    bucket, _, _ = static.shape_for(list(range(rows)), [position] * rows)
     static._forward(bucket, rows)
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ar_service.decoding.modes import SEQUENTIAL, SPECULATIVE, Decoding, Forwarded, Lane
+from ar_service.decoding.modes import ROW_PARALLEL, SEQUENTIAL, Decoding, Forwarded, Lane
 from ar_service.decoding.stream import DecodeStream
 from ar_service.model.modeling import KVCache, MammothModa2AR
 from ar_service.model.static_decode import StaticDecoder
@@ -18,26 +18,6 @@ from ar_service.sampling import Draw, RowSampling, guided, sample_rows
 DEFAULT_PAD_TO = 8
 #: Decode rows one image may take: its own and, with AR guidance, its unconditional row.
 ROWS_PER_IMAGE = 2
-
-
-def _step_rows(streams: list[DecodeStream], feeds: list[tuple[int, int]], steps: list[int],
-               uncond_places: list[int | None]) -> tuple[list[int], list[int], list[Draw]]:
-    """The decode rows of one step: each stream's row (fed ``feeds[b]``, drawing token ``steps[b]``), then the
-    unconditional row of each guided stream, fed the same token ``uncond_offset`` positions back. ``uncond_places``:
-    the index each unconditional row takes in the step (its list position, or its decoder slot), which the guided
-    row's draw names. Returns (ids, positions, draws) in that order."""
-    ids = [token for token, _ in feeds]
-    positions = [position for _, position in feeds]
-    draws = [s.draw_at(step) for s, step in zip(streams, steps, strict=True)]
-    for b, s in enumerate(streams):
-        if s.uncond is not None:
-            ids.append(ids[b])
-            positions.append(positions[b] - s.uncond_offset)
-            draws.append(draws[b])  # drawn too, and thrown away: the unconditional row feeds its image's token
-            place = uncond_places[b]
-            assert place is not None, "a guided stream's unconditional row has a place in the step"
-            draws[b] = guided(draws[b], s.guidance, place)
-    return ids, positions, draws
 
 
 class EagerDecoder:
@@ -115,10 +95,10 @@ class SlotDecoder:
     """Streams decode in the fixed slots of a ``StaticDecoder`` (CUDA graphs, sampling inside): a stream takes a
     slot after its prefill (two when guided: its unconditional row takes another) and must give them back
     (``release``) when it finishes, fails or is cancelled. A step of streams that feed one token each puts each
-    row at its slot (``StaticDecoder.step``); when a stream feeds several (speculative decoding, which needs a
-    ``StaticDecoder`` built with ``shared_slots``), the rows go in order through ``step_lanes``, as many as the
-    decoder has rows: each stream feeds at least its first lane, the rest share what is left. Row-parallel decoding
-    (cache order unlike position order) runs on the ``EagerDecoder`` only."""
+    row at its slot (``StaticDecoder.step``); when a stream feeds several (speculative and row-parallel decoding,
+    which need a ``StaticDecoder`` built with ``shared_slots``), the rows go in order through ``step_lanes``, in
+    passes of at most the decoder's rows (``_passes``). Each row is rotated at its lane's position and writes its
+    K/V at its lane's cache index, which row-parallel decoding takes in generation order."""
 
     reserve = False
 
@@ -149,79 +129,115 @@ class SlotDecoder:
             stream.uncond.cache = None
 
     @staticmethod
-    def _rows(streams: list[DecodeStream], feeds: list[tuple[int, int]], steps: list[int]):
-        """(slots, ids, positions, draws) of a static step: the streams' slots, then their unconditional rows'."""
-        uncond = [None if s.uncond is None else s.uncond.slot for s in streams]
-        ids, positions, draws = _step_rows(streams, feeds, steps, uncond)
-        slots = [s.slot for s in streams] + [slot for slot in uncond if slot is not None]
-        return slots, ids, positions, draws
+    def _rows(streams: list[DecodeStream], lanes: list[Lane]):
+        """(slots, ids, positions, draws, cache indexes) of a static step where each stream feeds one lane: the
+        streams' rows at their slots, then the unconditional row of each guided stream, fed the same token
+        ``uncond_offset`` positions back; a guided row's draw names its unconditional row's slot."""
+        slots = [SlotDecoder._slot(s) for s in streams]
+        ids = [lane.token for lane in lanes]
+        positions = [lane.position for lane in lanes]
+        indexes = [lane.cache_index for lane in lanes]
+        draws = [s.draw_at(lane.step) for s, lane in zip(streams, lanes, strict=True)]
+        for b, s in enumerate(streams):
+            if s.uncond is not None:
+                assert s.uncond.slot is not None, "a guided stream's unconditional row holds a slot"
+                slots.append(s.uncond.slot)
+                ids.append(ids[b])
+                positions.append(positions[b] - s.uncond_offset)
+                indexes.append(indexes[b] - s.uncond_offset)
+                draws.append(draws[b])  # drawn too, and thrown away: the unconditional row feeds its image's token
+                draws[b] = guided(draws[b], s.guidance, s.uncond.slot)
+        return slots, ids, positions, draws, indexes
 
     def decodes(self, decoding: Decoding) -> bool:
-        """Whether streams of ``decoding`` can run here."""
-        return decoding.mode == SEQUENTIAL or (decoding.mode == SPECULATIVE and self.static.shared_slots)
+        """Whether streams of ``decoding`` can run here: one token per forward always; several (speculative and
+        row-parallel lanes) when rows of one slot may share a step."""
+        return decoding.mode == SEQUENTIAL or self.static.shared_slots
 
-    def _fit(self, streams: list[DecodeStream], lanes: list[list[Lane]]) -> list[list[Lane]]:
-        """Each stream's lanes cut to what the decoder's rows hold: the first lane of every stream, then one more
-        lane per stream in turn while rows are left (a guided lane takes two rows)."""
+    def _passes(self, streams: list[DecodeStream], lanes: list[list[Lane]]) -> list[list[tuple[int, Lane]]]:
+        """The lanes a step feeds, as (stream, lane) in passes of at most the decoder's rows (a guided lane takes two
+        rows, its unconditional one in the same pass). Every lane of a row-parallel stream goes, in as many passes
+        as they need: which tokens a row-parallel lane sees is its grid, so it must not depend on the batch-mates
+        (a later pass sees the K/V an earlier one wrote, as a lane sees the lanes before it in one pass). Of any
+        other stream the first lane goes; the other lanes of speculative streams then fill what the last pass has
+        left, one more per stream in turn (drafts: fewer of them means more forwards, never another grid)."""
         width = [2 if s.uncond is not None else 1 for s in streams]
-        left = self.static.slots - sum(width)
-        if left < 0:
-            raise RuntimeError("more streams than the decoder has rows")
-        kept = [1] * len(streams)
+        if max(width) > self.static.slots:
+            raise RuntimeError("a guided stream needs two rows; the decoder has one")
+        passes: list[list[tuple[int, Lane]]] = [[]]
+        used = [0]
+        kept = []
+        for b, s in enumerate(streams):
+            required = lanes[b] if s.decoding.mode == ROW_PARALLEL else lanes[b][:1]
+            for lane in required:
+                if used[-1] + width[b] > self.static.slots:
+                    passes.append([])
+                    used.append(0)
+                passes[-1].append((b, lane))
+                used[-1] += width[b]
+            kept.append(len(required))
         growing = True
         while growing:
             growing = False
             for b in range(len(streams)):
-                if kept[b] < len(lanes[b]) and width[b] <= left:
+                if kept[b] < len(lanes[b]) and used[-1] + width[b] <= self.static.slots:
+                    passes[-1].append((b, lanes[b][kept[b]]))
+                    used[-1] += width[b]
                     kept[b] += 1
-                    left -= width[b]
                     growing = True
-        return [lane[:k] for lane, k in zip(lanes, kept, strict=True)]
+        return passes
 
     def _step_lanes(self, streams: list[DecodeStream], lanes: list[list[Lane]]) -> list[Forwarded]:
-        slots: list[int] = []
-        ids: list[int] = []
-        positions: list[int] = []
-        draws: list[Draw] = []
-        shares: list[tuple[int, list[Lane]]] = []
-        for s, fed in zip(streams, lanes, strict=True):
-            first = len(ids)
-            shares.append((first, fed))
-            for lane in fed:
-                slots.append(self._slot(s))
+        fed: list[list[Lane]] = [[] for _ in streams]
+        hidden: list[list[torch.Tensor]] = [[] for _ in streams]
+        drawn: list[list[int]] = [[] for _ in streams]
+        for part in self._passes(streams, lanes):
+            slots: list[int] = []
+            ids: list[int] = []
+            positions: list[int] = []
+            indexes: list[int] = []
+            draws: list[Draw] = []
+            for b, lane in part:
+                slots.append(self._slot(streams[b]))
                 ids.append(lane.token)
                 positions.append(lane.position)
-                draws.append(s.draw_at(lane.step))
-            if s.uncond is not None:
-                assert s.uncond.slot is not None, "a guided stream's unconditional row holds a slot"
-                offset = s.uncond_offset
-                for j, lane in enumerate(fed):
+                indexes.append(lane.cache_index)
+                draws.append(streams[b].draw_at(lane.step))
+            for row, (b, lane) in enumerate(part):
+                s = streams[b]
+                if s.uncond is not None:
+                    assert s.uncond.slot is not None, "a guided stream's unconditional row holds a slot"
                     slots.append(s.uncond.slot)
                     ids.append(lane.token)
-                    positions.append(lane.position - offset)
-                    draws.append(draws[first + j])
-                    draws[first + j] = guided(draws[first + j], s.guidance, len(ids) - 1)
-        tokens, hidden = self.static.step_lanes(slots, ids, positions, draws)
-        return [Forwarded(fed, hidden[first : first + len(fed)], tokens[first : first + len(fed)])
-                for first, fed in shares]
+                    positions.append(lane.position - s.uncond_offset)
+                    indexes.append(lane.cache_index - s.uncond_offset)
+                    draws.append(draws[row])  # drawn too, and thrown away: the unconditional row feeds its token
+                    draws[row] = guided(draws[row], s.guidance, len(ids) - 1)
+            tokens, states = self.static.step_lanes(slots, ids, positions, draws, indexes)
+            for row, (b, lane) in enumerate(part):
+                fed[b].append(lane)
+                hidden[b].append(states[row : row + 1])
+                drawn[b].append(tokens[row])
+        return [Forwarded(fed[b], torch.cat(hidden[b]), drawn[b]) for b in range(len(streams))]
 
     @torch.inference_mode()
     def step(self, streams: list[DecodeStream]) -> list[Forwarded]:
         n = len(streams)
         lanes = [s.lanes() for s in streams]
         if any(len(fed) > 1 for fed in lanes):
-            return self._step_lanes(streams, self._fit(streams, lanes))
-        tokens, hidden = self.static.step(*self._rows(streams, [s.feed for s in streams], [len(s.tokens) for s in streams]))
+            return self._step_lanes(streams, lanes)
+        fed = [lane for lane, in lanes]
+        tokens, hidden = self.static.step(*self._rows(streams, fed))
         tokens, hidden = tokens[:n], hidden[:n]
         if self.static.lookahead:
-            # The likeliest next step: every stream that goes on feeds the token it just drew, one position on.
-            going = [(s, token) for s, token in zip(streams, tokens, strict=True) if s.feeds(len(s.tokens))]
+            # The likeliest next step: every stream that goes on feeds the token it just drew, one position on. Not
+            # for row-parallel streams: their next lane may be another row's, and a step launched ahead writes K/V at
+            # the cache index it guessed, which such a stream may already hold.
+            going = [(s, Lane(token, lane.position + 1, lane.cache_index + 1, lane.step + 1))
+                     for s, lane, token in zip(streams, fed, tokens, strict=True)
+                     if s.decoding.mode != ROW_PARALLEL and s.feeds(lane.step)]
             if going:
-                self.static.launch_ahead(*self._rows(
-                    [s for s, _ in going],
-                    [(token, s.feed[1] + 1) for s, token in going],
-                    [len(s.tokens) + 1 for s, _ in going],
-                ))
+                self.static.launch_ahead(*self._rows([s for s, _ in going], [lane for _, lane in going]))
         return [Forwarded(lane, hidden[b : b + 1], [tokens[b]]) for b, lane in enumerate(lanes)]
 
     @staticmethod

@@ -176,7 +176,7 @@ class RowParallel(DecodingState):
         self.end_fed = False  # the answer window's <|image end|>
         self.first_open = 0  # rows before it are fed whole
         self.drawn: dict[int, int] = {}  # raster index -> token drawn, until the stream commits it
-        self.next_index = stream.prompt_len  # cache positions are taken in generation order
+        self.next_index = stream.prompt_len  # the next cache index: the cache fills in generation order
 
     def _token(self, index: int) -> int:
         s = self.stream
@@ -204,14 +204,13 @@ class RowParallel(DecodingState):
         end = s.grid.decode_tokens - 1
         if self.first_open == self.rows and s.feeds(end) and not self.end_fed:
             feed.append(end)
-        lanes = []
-        for index in feed:
-            lanes.append(Lane(self._token(index), s.prompt_len + index, self.next_index, index + 1))
-            self.next_index += 1
-        return lanes
+        # Cache indexes in generation order; taken in ``take``, since a decoder may feed only the first lanes.
+        return [Lane(self._token(index), s.prompt_len + index, self.next_index + j, index + 1)
+                for j, index in enumerate(feed)]
 
     def take(self, lanes: list[Lane], hidden: torch.Tensor, tokens: list[int]) -> None:
         s, row_len = self.stream, self.stream.row_len
+        self.next_index = max(lane.cache_index for lane in lanes) + 1
         for j, lane in enumerate(lanes):
             index = lane.step - 1
             row, column = divmod(index, row_len)

@@ -185,7 +185,9 @@ class _Ahead:
 
 class _TorchLayers:
     """The layers on cuBLAS and torch's kernels, the bodies fused by torch.compile when ``compile``. Attention
-    runs over the first ``bucket`` cached positions with a per-row mask, so the bucket is part of a step's shape."""
+    runs over the first ``bucket`` cached positions with a per-row mask, so the bucket is part of a step's shape.
+    Row r reads slot r's cache (a view of the first rows), or, in a step of lanes (``gather``), its own slot's,
+    gathered for the step (a copy per layer)."""
 
     bucketed = True
 
@@ -197,9 +199,9 @@ class _TorchLayers:
             self.attend = torch.compile(_attend, dynamic=True, fullgraph=True)
             self.post = torch.compile(_post_attention, dynamic=False, fullgraph=True, mode=mode)
 
-    def start(self, cos, sin, positions, rows, bucket: int) -> None:
-        """Takes the step's per-row inputs (cos/sin [P, 1, D]) before the first layer."""
-        self.cos, self.sin, self.positions, self.rows, self.bucket = cos, sin, positions, rows, bucket
+    def start(self, cos, sin, indexes, rows, bucket: int, gather: bool) -> None:
+        """Takes the step's per-row inputs (cos/sin [P, 1, D], cache indexes [P], slots [P]) before the first layer."""
+        self.cos, self.sin, self.indexes, self.rows, self.bucket, self.gather = cos, sin, indexes, rows, bucket, gather
 
     def layer(self, i: int, weights: tuple, x: torch.Tensor) -> torch.Tensor:
         n1, e1, qkv_w, qkv_b, ow, n2, e2, gate_up_w, dw = weights
@@ -207,14 +209,14 @@ class _TorchLayers:
         scales = d._layer_scales[i]
         q, k, v = self.pre(x, n1, e1, qkv_w, qkv_b, self.cos, self.sin, config.num_attention_heads,
                            config.num_key_value_heads, None if scales is None else scales[0])
-        d.k[i][self.rows, :, self.positions] = k
-        d.v[i][self.rows, :, self.positions] = v
-        if d.shared_slots:
+        d.k[i][self.rows, :, self.indexes] = k
+        d.v[i][self.rows, :, self.indexes] = v
+        if self.gather:
             keys = d.k[i][:, :, : self.bucket].index_select(0, self.rows)
             values = d.v[i][:, :, : self.bucket].index_select(0, self.rows)
         else:
             keys, values = d.k[i, :p, :, : self.bucket], d.v[i, :p, :, : self.bucket]
-        attn = self.attend(q, keys, values, self.positions, 1.0 / math.sqrt(config.head_dim))
+        attn = self.attend(q, keys, values, self.indexes, 1.0 / math.sqrt(config.head_dim))
         return self.post(x, attn, ow, n2, e2, gate_up_w, dw, None if scales is None else scales[1:])
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -237,10 +239,11 @@ class _TritonLayers:
         self.decoder, self.fold = decoder, fold_norms
         self.tile = decode_kernels.row_tile(decoder.slots)
 
-    def start(self, cos, sin, positions, rows, bucket: int) -> None:
+    def start(self, cos, sin, indexes, rows, bucket: int, gather: bool) -> None:
+        """As ``_TorchLayers.start``; every row reads its own slot anyway, so ``gather`` changes nothing here."""
         config = self.decoder.config
         # The kernels read plain [P, D] and [P] rows.
-        self.cos, self.sin, self.positions, self.rows = cos[:, 0], sin[:, 0], positions.contiguous(), rows.contiguous()
+        self.cos, self.sin, self.indexes, self.rows = cos[:, 0], sin[:, 0], indexes.contiguous(), rows.contiguous()
         group = config.num_attention_heads // config.num_key_value_heads
         self.workspace = decode_kernels.attention_workspace(
             rows.shape[0], config.num_key_value_heads, group, config.head_dim, self.decoder.device)
@@ -251,9 +254,9 @@ class _TritonLayers:
         d, config, kernels = self.decoder, self.decoder.config, decode_kernels
         qkv_s, o_s, gate_up_s, down_s = d._layer_scales[i] or (None, None, None, None)
         qkv = kernels.linear(x, qkv_w, bias=qkv_b, norm=(n1, e1), squares=self.squares, scale=qkv_s, tile=self.tile)
-        q = kernels.rope_write(qkv, self.cos, self.sin, self.positions, self.rows, d.k[i], d.v[i],
+        q = kernels.rope_write(qkv, self.cos, self.sin, self.indexes, self.rows, d.k[i], d.v[i],
                                config.num_attention_heads, config.num_key_value_heads)
-        attn = kernels.attention(q, d.k[i], d.v[i], self.positions, self.rows, 1.0 / math.sqrt(config.head_dim),
+        attn = kernels.attention(q, d.k[i], d.v[i], self.indexes, self.rows, 1.0 / math.sqrt(config.head_dim),
                                  self.workspace, d.max_positions - 1)
         x = self._residual(attn, ow, x, o_s)
         gated = kernels.linear(x, gate_up_w, norm=(n2, e2), squares=self.squares, swiglu=True, scale=gate_up_s,
@@ -319,7 +322,7 @@ class StaticDecoder:
         start = config.gen_vocab_start_index
         # A free row: the first generation id at the scratch position, drawing a forced id (see _enqueue()).
         free_ints, self._free_floats = draw_columns(((start, start), SamplingParams(1.0, 1, 1.0), 0, 0))
-        self._free_row = [start, max_positions - 1, *free_ints]
+        self._free_row = [start, max_positions - 1, *free_ints]  # and then its slot and its cache index
         self.slots, self.max_positions, self.full_length = slots, max_positions, full_length
         device, dtype = model.device, model.dtype
         self.device = device
@@ -330,20 +333,22 @@ class StaticDecoder:
         shape = (layers, slots, kv_heads, max_positions, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        # The step's inputs, uploaded with one copy per dtype: columns of [slots, 9] int64 (id, position, then
-        # sample_rows' lo, hi, top_k, seed, step, partner, then the slot whose cache the row reads and writes) and
-        # [slots, 3] float32 (temperature, top_p, guidance). Row r is slot r's unless lanes share a slot
-        # (``step_lanes``).
-        self._long = torch.tensor([[*self._free_row, r] for r in range(slots)], dtype=torch.long, device=device)
+        # The step's inputs, uploaded with one copy per dtype: columns of [slots, 10] int64 (id, RoPE position, then
+        # sample_rows' lo, hi, top_k, seed, step, partner, then the slot whose cache the row reads and writes, and the
+        # cache index it writes at and attends up to) and [slots, 3] float32 (temperature, top_p, guidance). Row r is
+        # slot r's unless lanes share a slot (``step_lanes``); the cache index is the position unless a decoding mode
+        # fills the cache in another order than the raster's (row-parallel decoding).
+        self._long = torch.tensor([self._free_long(r) for r in range(slots)], dtype=torch.long, device=device)
         self._float = torch.tensor([self._free_floats] * slots, dtype=torch.float32, device=device)
         self.ids, self.positions = self._long[:, 0], self._long[:, 1]
         self.draws = RowSampling.from_columns(self._long[:, 2:8], self._float)
-        self._rows = self._long[:, 8]
+        self._rows, self.indexes = self._long[:, 8], self._long[:, 9]
         # Whether a step's rows may read another row's slot (lanes): the torch kernels then gather each row's
-        # cache instead of viewing the first rows' (a copy per layer), so it is asked for at construction.
+        # cache instead of viewing the first rows' (a copy per layer, in graphs of their own), so it is asked for at
+        # construction.
         self.shared_slots = shared_slots
         self._free = list(range(slots))
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self._graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.lookahead = False  # see launch_ahead(); set by the owner
         self._ahead: _Ahead | None = None
         self.ahead_taken = self.ahead_wasted = 0  # steps launched ahead and then asked for, or not
@@ -363,6 +368,10 @@ class StaticDecoder:
         self._layer_scales: list[tuple | None] = [scales for _, scales in fused]
         self.compile_mode = compile_mode
         self._kernels(compile)
+
+    def _free_long(self, row: int) -> list[int]:
+        """The integer columns of a free row placed at ``row``: it reads row ``row``'s slot, at the scratch position."""
+        return [*self._free_row, row, self.max_positions - 1]
 
     def _kernels(self, compile: bool) -> None:
         """The layers' kernel set and the sampler's noise: plain, or with torch.compile where it applies."""
@@ -432,19 +441,22 @@ class StaticDecoder:
         ids: list[int],
         positions: list[int],
         draws: list[tuple[tuple[int, int], SamplingParams, int, int]],
+        indexes: list[int] | None = None,
     ) -> tuple[list[int], torch.Tensor]:
         """One token for each listed slot, fed ``ids`` at ``positions``; ``draws`` are ``sample_rows``' inputs
-        (allowed range, params, seed, step) of the token each draws. Returns (drawn ids, condition hidden states
-        [B, H]) in the order given. When ``launch_ahead`` started exactly this step already, its result is taken."""
+        (allowed range, params, seed, step) of the token each draws; ``indexes``: the cache index each row writes at
+        and attends up to (default: its position). Returns (drawn ids, condition hidden states [B, H]) in the order
+        given. When ``launch_ahead`` started exactly this step already, its result is taken."""
+        indexes = positions if indexes is None else indexes
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
-            if ahead.request == (slots, ids, positions, draws):
+            if ahead.request == (slots, ids, positions, draws, indexes):
                 self.ahead_taken += 1
                 result = ahead.result()
                 self._add_device_time()
                 return result
             self.ahead_wasted += 1
-        drawn, hidden = self._enqueue(slots, ids, positions, draws)  # hidden: the listed slots' rows already
+        drawn, hidden = self._enqueue(slots, ids, positions, draws, indexes)  # hidden: the listed slots' rows already
         tokens = drawn.tolist()  # the one device-to-host wait of a step
         self._add_device_time()
         return [tokens[slot] for slot in slots], hidden
@@ -461,30 +473,34 @@ class StaticDecoder:
         ids: list[int],
         positions: list[int],
         draws: list[tuple[tuple[int, int], SamplingParams, int, int]],
+        indexes: list[int] | None = None,
     ) -> bool:
         """Starts the step that will most likely be asked for next (the same streams, one token further) without
         waiting for it, so that the host's work between two steps overlaps the device's. ``step`` takes its result
         when asked for exactly these inputs and otherwise runs the step asked for: a step launched ahead only
         writes K/V at its streams' next positions, which the step run instead rewrites or no stream reads.
         Returns whether it launched (only into a graph already captured)."""
+        indexes = positions if indexes is None else indexes
         self._ahead = None
         if not self.lookahead or not slots:
             return False
         try:
-            self._check(ids, positions)
+            self._check(ids, positions, indexes)
         except ValueError:
             return False
-        if self.cuda_graphs and self.shape_for(slots, positions) not in self._graphs:
+        if self.cuda_graphs and self.shape_for(slots, indexes) not in self._graphs:
             return False
-        drawn, hidden = self._enqueue(slots, ids, positions, draws)
-        self._ahead = _Ahead((slots, ids, positions, draws), drawn, hidden, self._host_drawn)
+        drawn, hidden = self._enqueue(slots, ids, positions, draws, indexes)
+        self._ahead = _Ahead((slots, ids, positions, draws, indexes), drawn, hidden, self._host_drawn)
         return True
 
-    def _check(self, ids: list[int], positions: list[int]) -> None:
+    def _check(self, ids: list[int], positions: list[int], indexes: list[int]) -> None:
         if min(ids) < self.config.gen_vocab_start_index:
             raise ValueError("the fast decode step takes generation-vocabulary ids only")
-        if max(positions) >= self.max_positions - 1:
-            raise ValueError(f"position {max(positions)} is beyond the decode cache ({self.max_positions - 1})")
+        for name, values in (("position", positions), ("cache index", indexes)):
+            bad = [v for v in values if not 0 <= v < self.max_positions - 1]
+            if bad:
+                raise ValueError(f"{name} {bad[0]} is beyond the decode cache ({self.max_positions - 1})")
 
     def step_lanes(
         self,
@@ -492,26 +508,28 @@ class StaticDecoder:
         ids: list[int],
         positions: list[int],
         draws: list[tuple],
+        indexes: list[int] | None = None,
     ) -> tuple[list[int], torch.Tensor]:
         """A step whose rows may share slots (decode lanes: several tokens of one stream): row r feeds ``ids[r]``
-        at ``positions[r]`` of slot ``slots[r]``, writing its K/V there, and attends over that slot's positions up
-        to it; every row writes before any attends, so a lane sees the lanes before it. A guided draw's partner is
-        the row of its unconditional logits. Rows are placed in the order given. Returns (drawn ids, hidden
-        states [len(slots), H])."""
+        rotated at ``positions[r]``, writes its K/V at cache index ``indexes[r]`` (default: its position) of slot
+        ``slots[r]`` and attends over that slot's cache up to there; every row writes before any attends, so a lane
+        sees the lanes before it. A guided draw's partner is the row of its unconditional logits. Rows are placed in
+        the order given. Returns (drawn ids, hidden states [len(slots), H])."""
         if not self.shared_slots:
             raise ValueError("step_lanes needs a StaticDecoder built with shared_slots=True")
         self._ahead = None
-        drawn, hidden = self._enqueue(slots, ids, positions, draws, compact=True)
+        drawn, hidden = self._enqueue(slots, ids, positions, draws, positions if indexes is None else indexes,
+                                      compact=True)
         tokens = drawn.tolist()
         self._add_device_time()
         return tokens[: len(slots)], hidden
 
-    def _enqueue(self, slots, ids, positions, draws, compact: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def _enqueue(self, slots, ids, positions, draws, indexes, compact: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Uploads the inputs and runs (or enqueues, on CUDA) the step; returns its outputs (drawn ids, the listed
         slots' hidden states), which a later step does not overwrite. ``compact``: rows in the order given (lanes),
         not at their slots' rows."""
-        if not (len(slots) == len(ids) == len(positions) == len(draws)) or not slots:
-            raise ValueError("step needs one id, one position and one draw per slot")
+        if not (len(slots) == len(ids) == len(positions) == len(draws) == len(indexes)) or not slots:
+            raise ValueError("step needs one id, one position, one draw and one cache index per slot")
         if compact:
             if len(slots) > self.slots:
                 raise ValueError(f"a step runs at most {self.slots} rows; got {len(slots)}")
@@ -519,18 +537,18 @@ class StaticDecoder:
                 raise ValueError("a guided row's partner must be a row of the step")
         elif any(len(draw) > 4 and draw[4] > 1 and draw[5] not in slots for draw in draws):
             raise ValueError("a guided row's unconditional slot must step with it")
-        self._check(ids, positions)
+        self._check(ids, positions, indexes)
         places = list(range(len(slots))) if compact else slots
-        bucket, rows = self.shape_for(places, positions)
+        bucket, rows, gather = self.shape_for(places, indexes, compact)
         # Free rows compute at the last position, which no real stream reaches (max_positions is one past the
         # longest prompt + grid), so their K/V writes never land on a real stream's positions; they draw a
         # forced id, unguided (their partner column, row 0, is read and ignored). A guided row's partner is the
         # slot of its unconditional row, which the caller lists in the same step.
-        long_rows = [[*self._free_row, r] for r in range(rows)]
+        long_rows = [self._free_long(r) for r in range(rows)]
         float_rows = [self._free_floats] * rows
-        for place, slot, token, position, draw in zip(places, slots, ids, positions, draws, strict=True):
+        for place, slot, token, position, draw, index in zip(places, slots, ids, positions, draws, indexes, strict=True):
             ints, float_rows[place] = draw_columns(draw, place)
-            long_rows[place] = [token, position, *ints, slot]
+            long_rows[place] = [token, position, *ints, slot, index]
         timed = self.device_timing and self.device.type == "cuda"
         if timed:
             start = torch.cuda.Event(enable_timing=True)
@@ -538,9 +556,9 @@ class StaticDecoder:
         self._long[:rows].copy_(torch.tensor(long_rows, dtype=torch.long))
         self._float[:rows].copy_(torch.tensor(float_rows, dtype=torch.float32))
         if self.cuda_graphs:
-            drawn, hidden = self._replay(bucket, rows)
+            drawn, hidden = self._replay(bucket, rows, gather)
         else:
-            drawn, hidden = self._forward(bucket, rows)
+            drawn, hidden = self._forward(bucket, rows, gather)
         if timed:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
@@ -556,16 +574,17 @@ class StaticDecoder:
             index = self._indexes[key] = torch.tensor(slots, dtype=torch.long, device=self.device)
         return drawn.clone(), hidden.index_select(0, index)
 
-    def shape_for(self, slots: list[int], positions: list[int]) -> tuple[int, int]:
-        """(bucket, rows) of the step feeding ``slots`` at ``positions``: rows up to the highest slot in use (a power
-        of two), the length bucket covering the furthest position; every slot and the whole cache when
-        ``full_length``."""
+    def shape_for(self, slots: list[int], indexes: list[int], lanes: bool = False) -> tuple[int, int, bool]:
+        """(bucket, rows, gather) of the step feeding ``slots`` at cache ``indexes``: rows up to the highest slot in use
+        (a power of two), the length bucket covering the furthest index, and whether the torch kernels gather each
+        row's slot (a step of ``lanes``); every slot and the whole cache when ``full_length``."""
+        gather = lanes and self.layers.bucketed
         if self.full_length:
-            return self.max_positions, self.slots
+            return self.max_positions, self.slots, gather
         rows = min(self.slots, 1 << max(slots).bit_length())
         if not self.layers.bucketed:
-            return self.max_positions, rows
-        return min(self.max_positions, bucket_for(max(positions) + 1)), rows
+            return self.max_positions, rows, gather
+        return min(self.max_positions, bucket_for(max(indexes) + 1)), rows, gather
 
     def warm_up(self, positions: int) -> int:
         """Captures, up front, the graphs of every row count and every bucket up to ``positions`` (so that no
@@ -581,13 +600,15 @@ class StaticDecoder:
         finally:
             gc.unfreeze()
 
-    def graph_keys(self, positions: int) -> list[tuple[int, int]]:
-        """(bucket, rows) of every step shape a batch of streams up to ``positions`` long can take."""
+    def graph_keys(self, positions: int) -> list[tuple[int, int, bool]]:
+        """(bucket, rows, gather) of every step shape a batch of streams up to ``positions`` long can take: with the
+        torch kernels and ``shared_slots``, each shape once more for steps of lanes."""
+        gathers = (False, True) if self.shared_slots and self.layers.bucketed else (False,)
         if self.full_length:
-            return [(self.max_positions, self.slots)]
+            return [(self.max_positions, self.slots, gather) for gather in gathers]
         counts = sorted({min(self.slots, 1 << n) for n in range(self.slots.bit_length() + 1)})
         if not self.layers.bucketed:
-            return [(self.max_positions, rows) for rows in counts]
+            return [(self.max_positions, rows, False) for rows in counts]
         buckets: list[int] = []
         n = 1
         while n <= min(positions, self.max_positions):
@@ -595,54 +616,57 @@ class StaticDecoder:
             if not buckets or b != buckets[-1]:
                 buckets.append(b)
             n = b + 1
-        return [(bucket, rows) for rows in counts for bucket in buckets]
+        return [(bucket, rows, gather) for gather in gathers for rows in counts for bucket in buckets]
 
     def _capture_all(self, positions: int) -> int:
-        for bucket, rows in self.graph_keys(positions):
-            if (bucket, rows) not in self._graphs:
-                self._capture(bucket, rows)
+        for key in self.graph_keys(positions):
+            if key not in self._graphs:
+                self._capture(*key)
         return len(self._graphs)
 
-    def _replay(self, bucket: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        entry = self._graphs.get((bucket, rows))
+    def _replay(self, bucket: int, rows: int, gather: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        entry = self._graphs.get((bucket, rows, gather))
         if entry is None:
-            entry = self._capture(bucket, rows)
+            entry = self._capture(bucket, rows, gather)
         graph, drawn, hidden = entry
         graph.replay()
         return drawn, hidden
 
-    def _capture(self, bucket: int, rows: int):
+    def _capture(self, bucket: int, rows: int, gather: bool = False):
         # Warm up on a side stream (compilation, cuBLAS workspaces), then capture. The inputs are saved and put
-        # back: the warm-up runs write K/V at the rows' current positions, which the real step rewrites.
+        # back: the warm-up runs write K/V at the rows' current cache indexes, which the real step rewrites.
         saved = self._long.clone()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             try:
                 for _ in range(2):
-                    self._forward(bucket, rows)
+                    self._forward(bucket, rows, gather)
             except Exception:
                 if not self.compiled:
                     raise
                 log.exception("torch.compile of the decode step failed; decoding with the plain kernels")
                 self._kernels(False)
                 for _ in range(2):
-                    self._forward(bucket, rows)
+                    self._forward(bucket, rows, gather)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self._pool):
-            drawn, hidden = self._forward(bucket, rows)
+            drawn, hidden = self._forward(bucket, rows, gather)
         self._long.copy_(saved)
-        self._graphs[(bucket, rows)] = (graph, drawn, hidden)
-        log.info("captured the decode step for %d rows x %d positions (%d graphs)", rows, bucket, len(self._graphs))
-        return self._graphs[(bucket, rows)]
+        key = (bucket, rows, gather)
+        self._graphs[key] = (graph, drawn, hidden)
+        log.info("captured the decode step for %d rows x %d positions%s (%d graphs)", rows, bucket,
+                 ", lanes" if gather else "", len(self._graphs))
+        return self._graphs[key]
 
-    def _forward(self, bucket: int, p: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The step over the first ``p`` rows: (drawn ids [p], condition hidden states [p, H])."""
+    def _forward(self, bucket: int, p: int, gather: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step over the first ``p`` rows: (drawn ids [p], condition hidden states [p, H]). RoPE rotates at each
+        row's position; K/V are written and read at its cache index."""
         config, text = self.config, self.text
-        ids, positions, rows = self.ids[:p], self.positions[:p], self._rows[:p]
+        ids, positions, rows, indexes = self.ids[:p], self.positions[:p], self._rows[:p], self.indexes[:p]
         x = text.gen_embed_tokens(ids - config.gen_vocab_start_index)
         freqs = positions[:, None].float() * text.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [P, 1, D]
@@ -652,7 +676,7 @@ class StaticDecoder:
         wanted = None if keep is None else {i % (n + 1) for i in keep}
         kept: dict[int, torch.Tensor] = {}
         layers = self.layers
-        layers.start(cos, sin, positions, rows, bucket)
+        layers.start(cos, sin, indexes, rows, bucket, gather)
         for i, weights in enumerate(self._layer_weights):
             if wanted is not None and i in wanted:
                 kept[i] = x

@@ -251,13 +251,25 @@ def test_engine_refuses_what_it_cannot_decode(tiny_ar, checkpoint):
     finally:
         engine.close()
     fast = make_engine(tiny_ar, checkpoint, fast_decode=True, max_batch_size=1)
-    try:
-        with pytest.raises(RequestRejected) as refused:
-            fast.plan(prompt="p", width=64, height=64, knobs={"ar_decoding": "row_parallel"})
-        assert refused.value.param == "ar_decoding" and "fast_decode" in str(refused.value)
-        assert fast.plan(prompt="p", width=64, height=64, knobs={"ar_decoding": "sequential"}).decoding == Decoding()
+    try:  # the fixed slots serve every mode
+        for mode in ("sequential", "speculative", "row_parallel"):
+            assert fast.plan(prompt="p", width=64, height=64, knobs={"ar_decoding": mode}).decoding.mode == mode
     finally:
         fast.close()
+    from ar_service.decoding.decoders import SlotDecoder
+    from ar_service.model.static_decode import StaticDecoder
+
+    one_lane = SlotDecoder(StaticDecoder(tiny_ar.model, slots=2, max_positions=300))  # rows of one slot: never
+    engine = make_engine(tiny_ar, checkpoint, decoder=one_lane, max_batch_size=1)
+    try:
+        for mode in ("row_parallel", "speculative"):
+            with pytest.raises(RequestRejected) as refused:
+                engine.plan(prompt="p", width=64, height=64, knobs={"ar_decoding": mode})
+            assert refused.value.param == "ar_decoding"
+            assert "one token per image and forward" in str(refused.value) and "accepted here: 'sequential'" in str(
+                refused.value)
+    finally:
+        engine.close()
 
 
 @pytest.fixture
@@ -284,7 +296,7 @@ def test_the_slot_decoder_decodes_speculative_lanes_to_the_sequential_grid(tiny_
     static = StaticDecoder(tiny_ar.model, slots=6, max_positions=300, kernels=kernels, shared_slots=True,
                            full_length=kernels == "torch")
     decoder = SlotDecoder(static)
-    assert decoder.decodes(Decoding("speculative", 8)) and not decoder.decodes(Decoding("row_parallel", 2))
+    assert decoder.decodes(Decoding("speculative", 8)) and decoder.decodes(Decoding("row_parallel", 2))
     for guidance in (1.0, 3.0):
         sequential = grid_of(tiny_ar, sampling, 11, guidance=guidance, grid=grid)
         fast = grid_of(tiny_ar, sampling, 11, Decoding("speculative", 8), guidance=guidance, decoder=decoder,
@@ -311,3 +323,55 @@ def test_the_slot_decoder_decodes_speculative_lanes_to_the_sequential_grid(tiny_
     with pytest.raises(ValueError):
         plain.admit(DecodeStream(tiny_ar.model, prompt_ids_for(tiny_ar.tokenizer, "x", grid), grid, tiny_ar.t2i,
                                  sampling, 1, reserve=False, decoding=Decoding("speculative", 4)))
+
+
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_the_slot_decoder_decodes_row_parallel_to_the_eager_grid(tiny_ar, kernels, few_splits):
+    """Row-parallel lanes in the fixed slots (RoPE at the raster position, K/V at the cache index in generation
+    order) draw the eager decoder's grid, guided and not, in the same forwards; with fewer rows than a step's lanes
+    they run in several passes and still draw it; beside a sequential and a speculative stream (batch-mates) too."""
+    from ar_service.decoding.decoders import SlotDecoder
+    from ar_service.model import decode_kernels
+    from ar_service.model.static_decode import StaticDecoder
+
+    if kernels == "triton" and not decode_kernels.available:
+        pytest.skip("triton is not installed (no wheel for this platform)")
+    grid = GRID if kernels == "torch" else grid_for_size(64, 48, 16)
+    sampling = SamplingParams(1.0, 4, 1.0)
+    decoding = Decoding("row_parallel", 2)
+
+    def slot_decoder(slots):
+        return SlotDecoder(StaticDecoder(tiny_ar.model, slots=slots, max_positions=300, kernels=kernels,
+                                         shared_slots=True, full_length=kernels == "torch"))
+
+    wide, narrow = slot_decoder(16), slot_decoder(6)
+    passes = []
+    step_lanes = narrow.static.step_lanes
+    narrow.static.step_lanes = lambda *args: passes.append(len(args[0])) or step_lanes(*args)
+    for guidance in (1.0, 3.0):
+        eager = grid_of(tiny_ar, sampling, 5, decoding, guidance=guidance, grid=grid)
+        sequential = grid_of(tiny_ar, sampling, 5, guidance=guidance, grid=grid)
+        # row-parallel conditions on less of the grid: the test can tell it from sequential decoding
+        assert not torch.allclose(eager.image_condition, sequential.image_condition, atol=1e-2)
+        for decoder in (wide, narrow):
+            fast = grid_of(tiny_ar, sampling, 5, decoding, guidance=guidance, decoder=decoder, grid=grid)
+            assert fast.token_ids == eager.token_ids
+            assert torch.allclose(fast.image_condition, eager.image_condition, atol=1e-4)
+            assert fast.forwards == eager.forwards < sequential.forwards
+            assert decoder.static.free_slots == decoder.static.slots
+    assert max(passes) <= 6 and len(passes) > eager.forwards  # some steps took two passes
+
+    def stream(decoder, seed, mode):
+        ids = prompt_ids_for(tiny_ar.tokenizer, "a cat on a mat", grid)
+        s = DecodeStream(tiny_ar.model, ids, grid, tiny_ar.t2i, sampling, seed, reserve=False, guidance=3.0,
+                         decoding=mode)
+        decoder.admit(s)
+        return s
+
+    for decoder in (wide, narrow):
+        mates = [stream(decoder, 7, None), stream(decoder, 5, decoding), stream(decoder, 8, Decoding("speculative", 4))]
+        decode_together(decoder, mates)
+        assert mates[1].tokens == grid_of(tiny_ar, sampling, 5, decoding, guidance=3.0, grid=grid).token_ids
+        assert mates[0].tokens == grid_of(tiny_ar, sampling, 7, guidance=3.0, grid=grid).token_ids
+        assert mates[2].tokens == grid_of(tiny_ar, sampling, 8, guidance=3.0, grid=grid).token_ids
+        assert decoder.static.free_slots == decoder.static.slots

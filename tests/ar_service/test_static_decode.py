@@ -84,7 +84,9 @@ def test_static_decoder_refuses_what_it_cannot_hold(setup):
         static.step([0], [5], [3], [draw])
     with pytest.raises(ValueError, match="beyond the decode cache"):
         static.step([0], [start], [63], [draw])
-    with pytest.raises(ValueError, match="one draw per slot"):
+    with pytest.raises(ValueError, match="cache index 63 is beyond the decode cache"):
+        static.step([0], [start], [3], [draw], indexes=[63])
+    with pytest.raises(ValueError, match="one draw"):
         static.step([0], [start], [3], [])
     with pytest.raises(ValueError, match="not in use"):
         static.release(0)
@@ -141,16 +143,20 @@ def test_length_buckets_cover_every_length_with_at_most_a_quarter_masked():
     assert len({bucket_for(n) for n in range(1, 17_611)}) < 40  # few graphs per row count
 
 
-def test_warm_up_captures_every_shape_a_request_can_step_in(setup):
-    """Every (bucket, rows) that step() picks for streams up to the warm-up length is among the captured graphs,
-    so no request pays for a capture."""
+@pytest.mark.parametrize("shared_slots", [False, True], ids=["slots", "lanes"])
+def test_warm_up_captures_every_shape_a_request_can_step_in(setup, shared_slots):
+    """Every (bucket, rows, gather) that step() and, with shared slots, step_lanes() pick for streams up to the
+    warm-up length is among the captured graphs, so no request pays for a capture."""
     tiny_ar, _, _ = setup
     for full_length in (False, True):
-        static = StaticDecoder(tiny_ar.model, slots=8, max_positions=5000, full_length=full_length)
+        static = StaticDecoder(tiny_ar.model, slots=8, max_positions=5000, full_length=full_length,
+                               shared_slots=shared_slots)
         keys = set(static.graph_keys(4500))
-        for slots in ([0], [1], [0, 2], [3], [0, 1, 2, 3, 4], [7], [5, 6]):
-            for position in (0, 255, 256, 257, 1056, 2049, 4499):
-                assert static.shape_for(slots, [position] * len(slots)) in keys
+        for lanes in (False, True) if shared_slots else (False,):
+            for slots in ([0], [1], [0, 2], [3], [0, 1, 2, 3, 4], [7], [5, 6]):
+                for position in (0, 255, 256, 257, 1056, 2049, 4499):
+                    assert static.shape_for(slots, [position] * len(slots), lanes) in keys
+        assert any(gather for _, _, gather in keys) == shared_slots
 
 
 def test_steps_launched_ahead_change_nothing(setup):
