@@ -18,7 +18,8 @@ in order and the grid contract is checked as before; the scheduler only sees tha
   started row draws its next token in the same forward. A token sees its row to the left and the rows above as far
   as they have got (attention runs over the cache in generation order; RoPE stays at the raster position), not all of
   the rows above as in sequential decoding: that is the quality cost. Row r's end-of-line token is fed when row r+1
-  starts (its hidden state sees row r up to there). Forwards per image: about ``(H - 1) * window + W + 1``.
+  starts (its hidden state sees row r up to there). Forwards per image: ``(H - 1) * min(window, W) + W``
+  (``RowParallel.forwards``) against sequential decoding's ``H * (W + 1)``.
 """
 
 from __future__ import annotations
@@ -177,6 +178,12 @@ class RowParallel(DecodingState):
         self.first_open = 0  # rows before it are fed whole
         self.drawn: dict[int, int] = {}  # raster index -> token drawn, until the stream commits it
         self.next_index = stream.prompt_len  # the next cache index: the cache fills in generation order
+
+    @staticmethod
+    def forwards(grid: Grid, window: int) -> int:
+        """Decode forwards one image takes (the look-ahead token unfed): the last row starts after ``H - 1`` leads of
+        ``min(window, W)`` forwards and then needs ``W`` more, its end of line fed with its last visual token."""
+        return (grid.height - 1) * min(window, grid.width) + grid.width
 
     def _token(self, index: int) -> int:
         s = self.stream

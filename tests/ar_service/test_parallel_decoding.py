@@ -13,7 +13,7 @@ import torch
 
 from ar_service import events
 from ar_service.conditions import prompt_ids_for
-from ar_service.decoding import Decoding, Speculative
+from ar_service.decoding import Decoding, RowParallel, Speculative
 from ar_service.decoding.decoders import EagerDecoder, decode_together
 from ar_service.decoding.stream import DecodeStream
 from ar_service.generation import GenerationCancelled, generate_grid
@@ -152,9 +152,20 @@ def test_row_parallel_keeps_the_grid_contract_in_fewer_forwards(tiny_ar, decodin
     for r, hidden, tokens in rows:
         assert torch.equal(hidden, result.image_condition[r * width : (r + 1) * width])
         assert tokens.tolist() == result.token_ids[r * width : (r + 1) * width]
-    # a row starts once the row above has `window` tokens: about (rows - 1) * window + a row's length forwards
-    assert result.forwards <= (GRID.height - 1) * decoding.window + width + 1
+    # a row starts once the row above has `window` tokens: (rows - 1) * window leads, then the last row's length
+    assert result.forwards == RowParallel.forwards(GRID, decoding.window) == (GRID.height - 1) * decoding.window + 8
     assert result.forwards < (GRID.decode_tokens - 1) / 2
+
+
+@pytest.mark.parametrize("size,window", [((128, 96), 2), ((64, 160), 3), ((96, 64), 9), ((48, 48), 1)])
+def test_row_parallel_takes_the_forwards_its_formula_says(tiny_ar, size, window):
+    """The count the GPU check compares against (bench.modes): (H - 1) * min(window, W) + W, guided or not."""
+    grid = grid_for_size(*size, 16)
+    for guidance in (1.0, 3.0):
+        result = grid_of(tiny_ar, SamplingParams(1.0, 0, 1.0), 4, Decoding("row_parallel", window), guidance=guidance,
+                         grid=grid)
+        assert_contract(tiny_ar, result, grid)
+        assert result.forwards == RowParallel.forwards(grid, window)
 
 
 def test_row_parallel_is_seeded(tiny_ar):
