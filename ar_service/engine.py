@@ -44,7 +44,6 @@ from ar_service.prefill import (
     negative_condition_for,
     system_prefix_ids,
 )
-from ar_service.prompt import grid_for_size
 from ar_service.render_client import RenderHeader, RenderSession
 from protos.knobs import KnobTable
 from protos.status import RequestRejected
@@ -88,9 +87,15 @@ class Job:
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
 
     def add_timings(self, **values: float) -> None:
+        """Adds to the request's timings (summed over its images)."""
         with self._lock:
             for key, value in values.items():
                 self.timings[key] = self.timings.get(key, 0) + value
+
+    def set_timings(self, **values: float) -> None:
+        """Sets request-wide facts among the timings (the same for every image: not summed)."""
+        with self._lock:
+            self.timings.update(values)
 
     def attach(self, session: RenderSession) -> None:
         with self._lock:
@@ -262,7 +267,7 @@ class AREngine:
                 ", compiled" if compile_decode else "",
             )
             started = time.perf_counter()
-            default = grid_for_size(self.serving.default_width, self.serving.default_height, self.planner.pixels_per_token)
+            default = self.planner.grid_rule.grid(self.serving.default_width, self.serving.default_height)
             typical = len(prompt_ids_for(loaded.tokenizer, "", default)) + min(256, max_prompt_tokens)
             graphs = static.warm_up(typical + default.decode_tokens)
             if graphs:
@@ -594,6 +599,7 @@ class AREngine:
         slot.decode_span = None
         self._set_running([s for s in self._running if s is not slot])
         job.add_timings(ar_decode_ms=decode_s * 1e3, ar_tokens=len(stream.tokens), ar_forwards=stream.forwards)
+        job.set_timings(ar_grid_width=job.plan.grid.width, ar_grid_height=job.plan.grid.height)
         self.metrics.tokens_per_forward.labels(stream.decoding.mode).observe(len(stream.tokens) / max(1, stream.forwards))
         if slot.session is not None:
             slot.session.finish()

@@ -28,7 +28,7 @@ from ar_service.conditions import (
 )
 from ar_service.decoding import DEFAULT_ROW_WINDOW, DEFAULT_SPEC_WINDOW, MODES, SEQUENTIAL, SPECULATIVE, Decoding
 from ar_service.model.loading import LoadedAR
-from ar_service.prompt import Grid, grid_for_size, upscale_for
+from ar_service.prompt import Grid, GridRule, upscale_for
 from ar_service.sampling import SamplingParams
 from protos.formats import FORMATS
 from protos.knobs import KnobTable
@@ -88,9 +88,10 @@ class RequestPlanner:
         self.model_id = model_id or checkpoint.name
         self.max_prompt_tokens = max_prompt_tokens
         self.max_pixels = max_pixels  # None: the largest side squared is the only bound
-        # Pixels per visual token is a serving fact (ardit_serving.json, default 16 as vllm-omni), not a model one.
-        self.pixels_per_token = checkpoint.serving.pixels_per_token
-        self.size_multiple = math.lcm(self.pixels_per_token, checkpoint.size_multiple)
+        # How the grid follows the size is a serving fact (ardit_serving.json grid_rule: by default the released
+        # code's ~1,024-token grid, 32x32 for a square), not a model one; pixels_per_token adds its multiple.
+        self.grid_rule = GridRule.of(checkpoint.serving)
+        self.size_multiple = math.lcm(self.grid_rule.pixel_multiple, checkpoint.size_multiple)
         # AR sampling defaults come from the checkpoint's generation config, then its ardit_serving.json knob
         # defaults (which may also set the DiT's: guidance, steps) over the family's.
         self.ar_defaults = {**loaded.t2i.sampling_defaults,
@@ -109,13 +110,15 @@ class RequestPlanner:
                 raise ValueError(f"default_negative_prompt in the checkpoint's serving settings: {exc}") from exc
 
     def max_positions(self) -> int:
-        """Positions the longest accepted request needs (longest prompt + largest grid) plus one scratch position."""
-        ppt, side = self.pixels_per_token, self.serving.max_side
-        grid = grid_for_size(side - side % ppt, side - side % ppt, ppt)
-        decode = grid.decode_tokens
-        if self.max_pixels is not None:  # a grid of at most max_pixels / ppt^2 tokens plus one EOL per row
-            decode = min(decode, self.max_pixels // ppt**2 + side // ppt + 1)
-        envelope = len(prompt_ids_for(self.loaded.tokenizer, "", grid))
+        """Positions the longest accepted request needs (longest prompt + largest grid) plus one scratch position.
+
+        The largest grid is the one of most decode tokens over every size the planner accepts (rendered sizes: an
+        enlarged picture renders within max_side); the envelope is counted with the widest and tallest grid
+        sides, whose ``{w}*{h}`` header has at least as many digits as any grid's."""
+        grids = self.grid_rule.grids(self.size_multiple, self.serving.max_side, self.max_pixels)
+        decode = max(grid.decode_tokens for grid in grids)
+        header = Grid(max(grid.width for grid in grids), max(grid.height for grid in grids))
+        envelope = len(prompt_ids_for(self.loaded.tokenizer, "", header))
         needed = envelope + self.max_prompt_tokens + decode
         return min(needed, self.loaded.config.max_position_embeddings) + 1
 
@@ -133,6 +136,7 @@ class RequestPlanner:
             "knobs": knobs,
             "quality_steps": dict(self.knob_table.quality_steps),
             "max_upscale": self.serving.max_upscale,
+            "grid": self.grid_rule.card(),
         }
 
     def plan(
@@ -195,7 +199,7 @@ class RequestPlanner:
             dit_given["num_inference_steps"] = preset
         dit_knobs = self.knob_table.resolve(dit_given, self.dit_defaults, stages=("dit",))
 
-        grid = grid_for_size(width // upscale, height // upscale, self.pixels_per_token)
+        grid = self.grid_rule.grid(width // upscale, height // upscale)
         prompt_ids = self._prompt_ids(prompt, grid, "prompt")
         negative_ids = self._negative_ids(negative_prompt, dit_knobs)
         longest = max(len(prompt_ids), len(negative_ids or ()))

@@ -1,13 +1,18 @@
 """T2I prompt envelope and the grid contract. Deliberately torch-free so the gateway/engine can use it.
 
 Sources (facts, not code): vllm-omni's MammothModa2 prompt builder and its grid logits processor
-(ar_w = W // 16, ar_h = H // 16, max_tokens = ar_h * (ar_w + 1) + 1, EOL forced at col == ar_w).
+(ar_w = W // 16, ar_h = H // 16, max_tokens = ar_h * (ar_w + 1) + 1, EOL forced at col == ar_w); the released
+MammothModa2 code (bytedance/mammothmoda, qwen25vl branch), which decodes a 32x32 grid whatever the output size
+(``processing_mammothmoda2.py`` ar_height = ar_width = 32, ``modeling_mammothmoda2.py`` ``generate_t2i``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
+
+from servicekit.checkpoint import SETTING_CHOICES
 
 SYSTEM_PROMPT = "You are a helpful image generator."
 
@@ -58,6 +63,91 @@ def grid_for_size(width_px: int, height_px: int, pixels_per_token: int) -> Grid:
             f"image size {width_px}x{height_px} is not a multiple of {pixels_per_token} pixels per token"
         )
     return Grid(width=width_px // pixels_per_token, height=height_px // pixels_per_token)
+
+
+GRID_RULES = SETTING_CHOICES["grid_rule"]  # the setting's choices; the first is the default
+TOKEN_BUDGET, PIXELS_PER_TOKEN = GRID_RULES
+
+
+class _GridSettings(Protocol):
+    @property
+    def grid_rule(self) -> str: ...
+    @property
+    def grid_tokens(self) -> int: ...
+    @property
+    def pixels_per_token(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class GridRule:
+    """THE owner of the rendered size -> grid rule (a checkpoint's ``ardit_serving.json`` ``grid_rule``).
+
+    ``token_budget``: about ``tokens`` visual tokens at the image's aspect ratio, whatever its size:
+    ``w = round(sqrt(tokens * W / H))``, ``h = round(sqrt(tokens * H / W))`` (halves up, each at least 1), so every
+    square size gets a sqrt(tokens) x sqrt(tokens) grid (32x32 at the default 1024: the released MammothModa2 code)
+    and a non-square one keeps its aspect, each token still covering a square patch.
+    ``pixels_per_token``: one token per ``pixels_per_token`` pixels along each side (vllm-omni: 16), sizes being
+    multiples of it (``grid_for_size``).
+    """
+
+    rule: str = TOKEN_BUDGET
+    tokens: int = 1024
+    pixels_per_token: int = 16
+
+    def __post_init__(self) -> None:
+        if self.rule not in GRID_RULES:
+            raise ValueError(f"grid rule must be one of {', '.join(GRID_RULES)}; got {self.rule!r}")
+        if self.tokens < 1 or self.pixels_per_token < 1:
+            raise ValueError(f"grid tokens and pixels per token must be positive; got {self.tokens}, "
+                             f"{self.pixels_per_token}")
+
+    @classmethod
+    def of(cls, serving: _GridSettings) -> GridRule:
+        """The rule a checkpoint's serving settings (servicekit.checkpoint.ServingDefaults) name."""
+        return cls(serving.grid_rule, serving.grid_tokens, serving.pixels_per_token)
+
+    @property
+    def pixel_multiple(self) -> int:
+        """Sizes must be multiples of this for the rule (1: any size)."""
+        return self.pixels_per_token if self.rule == PIXELS_PER_TOKEN else 1
+
+    def grid(self, width_px: int, height_px: int) -> Grid:
+        """The grid the AR decodes for a picture rendered at ``width_px`` x ``height_px``."""
+        if self.rule == PIXELS_PER_TOKEN:
+            return grid_for_size(width_px, height_px, self.pixels_per_token)
+        if width_px <= 0 or height_px <= 0:
+            raise ValueError(f"image size must be positive, got {width_px}x{height_px}")
+        return Grid(_nearest_sqrt(self.tokens * width_px, height_px), _nearest_sqrt(self.tokens * height_px, width_px))
+
+    def grids(self, multiple: int, max_side: int, max_pixels: int | None = None) -> set[Grid]:
+        """Every grid a rendered size can have whose sides are ``multiple``..``max_side`` in steps of ``multiple``,
+        of at most ``max_pixels`` pixels (None: no bound): what sizes the decode cache. Every size is tried
+        ((max_side / multiple)^2 of them, 16,384 for MammothModa2's 2048 and 16): under ``token_budget`` the grid
+        follows the aspect ratio alone and the rounding makes its token count irregular in it."""
+        steps = max_side // multiple
+        if multiple < 1 or steps < 1:
+            raise ValueError(f"no size of sides multiples of {multiple} fits within {max_side}")
+        found = set()
+        for a in range(1, steps + 1):
+            for b in range(1, steps + 1):
+                if max_pixels is not None and a * b * multiple * multiple > max_pixels:
+                    break
+                found.add(self.grid(a * multiple, b * multiple))
+        if not found:
+            raise ValueError(f"no size of sides multiples of {multiple} has at most {max_pixels} pixels")
+        return found
+
+    def card(self) -> dict[str, str | int]:
+        """The rule as the model card states it."""
+        if self.rule == PIXELS_PER_TOKEN:
+            return {"rule": self.rule, "pixels_per_token": self.pixels_per_token}
+        return {"rule": self.rule, "tokens": self.tokens}
+
+
+def _nearest_sqrt(numerator: int, denominator: int) -> int:
+    """round(sqrt(numerator / denominator)), halves up, at least 1, in exact integer arithmetic: the largest n with
+    (2n - 1)^2 <= 4 * numerator / denominator."""
+    return max(1, (math.isqrt(4 * numerator // denominator) + 1) // 2)
 
 
 def upscale_for(

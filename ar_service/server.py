@@ -171,7 +171,8 @@ class ImageGeneratorServicer(ar_pb2_grpc.ImageGeneratorServicer):
             if knob.maximum is not None:
                 spec.maximum = knob.maximum
             knobs.append(spec)
-        return ar_pb2.ListModelsResponse(models=[ar_pb2.ModelCard(knobs=knobs, **card)])
+        grid = ar_pb2.GridRule(**card.pop("grid"))
+        return ar_pb2.ListModelsResponse(models=[ar_pb2.ModelCard(knobs=knobs, grid=grid, **card)])
 
     def GetStatus(self, request: common_pb2.GetStatusRequest, context: grpc.ServicerContext):
         engine = self._engine(context)

@@ -175,6 +175,8 @@ def _models(cards: list[ModelCard]) -> int:
     for card in cards:
         print(f"{card.id} ({card.family}): default size {card.default_size}, sides multiples of {card.size_multiple} "
               f"up to {card.max_side}, prompts up to {card.max_prompt_tokens} tokens")
+        if card.grid_text():
+            print(f"  visual-token grid: {card.grid_text()}")
         presets = sorted(card.quality_steps.items(), key=lambda item: (item[1], item[0]))
         print("  quality presets (denoising steps): " + ", ".join(f"{q} {s}" for q, s in presets))
         print("  knobs (ardit generate OPTION VALUE):")

@@ -5,6 +5,7 @@ The command line's knob options are made from these at run time, so they are alw
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,20 @@ class ModelCard:
     max_prompt_tokens: int
     knobs: tuple[KnobSpec, ...]
     quality_steps: dict[str, int]
+    grid: dict[str, Any] | None = None  # the server's grid rule: {"rule", and "tokens" or "pixels_per_token"}
+
+    def grid_text(self) -> str:
+        """The visual-token grid a size gets, in words ("" when the server does not say)."""
+        rule = self.grid or {}
+        if rule.get("rule") == "pixels_per_token":
+            ppt = rule.get("pixels_per_token", 0)
+            return f"one visual token per {ppt}x{ppt} pixels"
+        if rule.get("rule") == "token_budget":
+            tokens = rule.get("tokens", 0)
+            side = math.isqrt(tokens)
+            square = f" ({side}x{side} for a square)" if side * side == tokens else ""
+            return f"about {tokens} visual tokens at the image's aspect ratio{square}"
+        return ""
 
     @classmethod
     def from_json(cls, model: dict[str, Any]) -> ModelCard:
@@ -63,7 +78,7 @@ class ModelCard:
         )
         return cls(model["id"], details.get("family", ""), details.get("default_size", "auto"), details.get("max_side", 0),
                    details.get("size_multiple", 0), details.get("max_prompt_tokens", 0), knobs,
-                   dict(details.get("quality_steps", {})))
+                   dict(details.get("quality_steps", {})), details.get("grid"))
 
     @classmethod
     def from_proto(cls, card: Any) -> ModelCard:
@@ -76,8 +91,10 @@ class ModelCard:
                      tuple(k.choices), k.description)
             for k in card.knobs
         )
+        grid = ({"rule": card.grid.rule, "tokens": card.grid.tokens, "pixels_per_token": card.grid.pixels_per_token}
+                if card.HasField("grid") else None)
         return cls(card.id, card.family, f"{card.default_width}x{card.default_height}", card.max_side, card.size_multiple,
-                   card.max_prompt_tokens, knobs, dict(card.quality_steps))
+                   card.max_prompt_tokens, knobs, dict(card.quality_steps), grid)
 
 
 def _number(value: float) -> str:

@@ -115,5 +115,8 @@ class ConsoleReporter:
                 (("ar_decode_ms", "AR decode"), ("denoise_ms", "denoise"), ("vae_decode_ms", "VAE decode"))
                 if timings.get(key)
             )
+            if timings.get("ar_grid_width") and timings.get("ar_grid_height"):
+                grid = f"{timings['ar_grid_width']}x{timings['ar_grid_height']}-token grid"
+                stages = f"{grid}, {stages}" if stages else grid
             total = f" in {timings['total_ms']:.0f} ms" if timings.get("total_ms") else ""
             print(f"request {self.summary['request_id']}{total}" + (f" ({stages})" if stages else ""), file=out)

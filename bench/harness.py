@@ -54,6 +54,7 @@ from pathlib import Path
 
 import httpx
 
+from ar_service.prompt import GridRule
 from bench import bounds, inprocess, ratios, workload
 from bench.inprocess import parse_points
 from bench.services import GpuMemoryWatch, ServiceStack, make_model_dir
@@ -315,15 +316,15 @@ def machine_info(device: str) -> dict:
     return info
 
 
-def text_positions(model_dir: Path, size: int, pixels_per_token: int) -> tuple[int, int, int]:
-    """(text condition positions of PROMPT at this size, grid width, grid height): what the AR hands the DiT."""
+def text_positions(model_dir: Path, size: int, rule: GridRule) -> tuple[int, int, int]:
+    """(text condition positions of PROMPT at this size, grid width, grid height): what the AR hands the DiT, the
+    grid by the checkpoint's grid rule."""
     from ar_service.conditions import prompt_ids_for, text_condition_mask
     from ar_service.model.configuration import ar_config_from_dict
     from ar_service.model.loading import load_tokenizer
-    from ar_service.prompt import grid_for_size
 
     config = ar_config_from_dict(json.loads((model_dir / "config.json").read_text()))
-    grid = grid_for_size(size, size, pixels_per_token)
+    grid = rule.grid(size, size)
     ids = prompt_ids_for(load_tokenizer(model_dir), PROMPT, grid)
     return int(text_condition_mask(ids, config).sum()), grid.width, grid.height
 
@@ -345,7 +346,7 @@ def bounds_report(raw: dict, model_dir: Path, measured: dict) -> dict:
         size, steps = point["size"], point["steps"]
         c1 = next((r for r in point["runs"] if r["concurrency"] == 1 and r.get("stages_ms")), None)
         knobs = point.get("knobs") or {}
-        text, grid_w, grid_h = text_positions(model_dir, size, checkpoint.serving.pixels_per_token)
+        text, grid_w, grid_h = text_positions(model_dir, size, GridRule.of(checkpoint.serving))
         flops = workload.denoise_flops(
             config, size, size, steps, text, grid_w, grid_h,
             guidance=float(knobs.get("text_guidance_scale", 9.0)), cfg_range=tuple(knobs.get("cfg_range", (0.0, 1.0))),

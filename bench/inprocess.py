@@ -35,7 +35,7 @@ from ar_service.decoding.decoders import ROWS_PER_IMAGE
 from ar_service.generation import generate_grid
 from ar_service.model.loading import LoadedAR, load_ar
 from ar_service.prefill import PrefillMemo, build_prefix_cache, negative_condition_for, system_prefix_ids
-from ar_service.prompt import grid_for_size
+from ar_service.prompt import GridRule
 from ar_service.sampling import SamplingParams
 from bench.timing import sync
 from dit_service.imaging import encode_image
@@ -62,6 +62,11 @@ class InProcessPipeline:
     decoder_name: str = "eager"
     #: Repeated prefills kept by their ids, as ar_service's default ``prefill_memo``.
     memo: PrefillMemo = field(default_factory=PrefillMemo)
+
+    @property
+    def grid_rule(self) -> GridRule:
+        """The checkpoint's grid rule, as ar_service's planner applies it."""
+        return GridRule.of(self.checkpoint.serving)
 
     @classmethod
     def load(cls, model_dir: Path, device: str = "auto", dtype: str = "auto", random_weights: bool = False):
@@ -102,9 +107,8 @@ class InProcessPipeline:
 
     def max_positions(self, prompt: str, sizes: list[int]) -> int:
         """Prompt + grid positions of the longest of these requests."""
-        pixels = self.checkpoint.serving.pixels_per_token
-        return max(len(prompt_ids_for(self.ar.tokenizer, prompt, grid_for_size(s, s, pixels)))
-                   + grid_for_size(s, s, pixels).decode_tokens for s in sizes)
+        grids = [self.grid_rule.grid(s, s) for s in sizes]
+        return max(len(prompt_ids_for(self.ar.tokenizer, prompt, grid)) + grid.decode_tokens for grid in grids)
 
     def knobs(self, steps: int, guidance: float | None = None, extra: dict | None = None) -> dict:
         """The knobs a service request with only ``num_inference_steps`` (and maybe guidance and ``extra`` knobs)
@@ -124,7 +128,7 @@ class InProcessPipeline:
         choices = DecodeChoices.from_serving(self.ar.t2i, self.ar.config, self.ar.tokenizer, self.checkpoint.serving)
         model = self.ar.model
         started = time.perf_counter()
-        grid = grid_for_size(size, size, self.checkpoint.serving.pixels_per_token)
+        grid = self.grid_rule.grid(size, size)
         prompt_ids = prompt_ids_for(self.ar.tokenizer, prompt, grid)
         sampling = SamplingParams(knobs["temperature"], knobs["top_k"], knobs["top_p"])
         decoder = {} if self.decoder is None else {"decoder": self.decoder}

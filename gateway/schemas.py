@@ -40,6 +40,14 @@ class KnobInfo(BaseModel):
     description: str
 
 
+class GridRuleInfo(BaseModel):
+    rule: Literal["token_budget", "pixels_per_token"] = Field(
+        description="how the AR's visual-token grid follows the rendered size: about `tokens` visual tokens at the "
+        "image's aspect ratio (token_budget), or one token per `pixels_per_token` pixels along each side")
+    tokens: int | None = Field(None, description="token_budget: the grid's size in tokens, about (1024: 32x32 when square)")
+    pixels_per_token: int | None = Field(None, description="pixels_per_token: pixels per visual token along each side")
+
+
 class ArditModelInfo(BaseModel):
     family: str
     default_size: str
@@ -50,6 +58,7 @@ class ArditModelInfo(BaseModel):
     quality_steps: dict[str, int]
     max_upscale: int = Field(description="sizes above max_side are rendered at most max_side and enlarged by a whole "
                              "factor up to this (1: never)")
+    grid: GridRuleInfo | None = Field(description="the visual-token grid a size gets (absent from older servers)")
     alias_of: str | None = Field(description="for a gateway alias (setting model_aliases): the served model it stands for")
 
 

@@ -124,9 +124,17 @@ def model_card_to_openai(card: ar_pb2.ModelCard) -> dict[str, Any]:
             "knobs": knobs,
             "quality_steps": dict(card.quality_steps),
             "max_upscale": card.max_upscale or 1,
+            "grid": _grid_rule(card.grid) if card.HasField("grid") else None,
             "alias_of": None,
         },
     }
+
+
+def _grid_rule(grid: ar_pb2.GridRule) -> dict[str, Any]:
+    """The card's grid rule with the parameter its rule reads: ``tokens`` or ``pixels_per_token``."""
+    if grid.rule == "pixels_per_token":
+        return {"rule": grid.rule, "pixels_per_token": grid.pixels_per_token}
+    return {"rule": grid.rule, "tokens": grid.tokens}
 
 
 def models_to_openai(reply: ar_pb2.ListModelsResponse, model_aliases: Mapping[str, str] | None = None) -> dict[str, Any]:

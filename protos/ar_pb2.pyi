@@ -155,8 +155,18 @@ class KnobSpec(_message.Message):
     description: str
     def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., default: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., minimum: _Optional[float] = ..., maximum: _Optional[float] = ..., choices: _Optional[_Iterable[str]] = ..., description: _Optional[str] = ...) -> None: ...
 
+class GridRule(_message.Message):
+    __slots__ = ("rule", "tokens", "pixels_per_token")
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PIXELS_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    rule: str
+    tokens: int
+    pixels_per_token: int
+    def __init__(self, rule: _Optional[str] = ..., tokens: _Optional[int] = ..., pixels_per_token: _Optional[int] = ...) -> None: ...
+
 class ModelCard(_message.Message):
-    __slots__ = ("id", "family", "default_width", "default_height", "max_side", "size_multiple", "max_prompt_tokens", "knobs", "quality_steps", "max_upscale")
+    __slots__ = ("id", "family", "default_width", "default_height", "max_side", "size_multiple", "max_prompt_tokens", "knobs", "quality_steps", "max_upscale", "grid")
     class QualityStepsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -174,6 +184,7 @@ class ModelCard(_message.Message):
     KNOBS_FIELD_NUMBER: _ClassVar[int]
     QUALITY_STEPS_FIELD_NUMBER: _ClassVar[int]
     MAX_UPSCALE_FIELD_NUMBER: _ClassVar[int]
+    GRID_FIELD_NUMBER: _ClassVar[int]
     id: str
     family: str
     default_width: int
@@ -184,7 +195,8 @@ class ModelCard(_message.Message):
     knobs: _containers.RepeatedCompositeFieldContainer[KnobSpec]
     quality_steps: _containers.ScalarMap[str, int]
     max_upscale: int
-    def __init__(self, id: _Optional[str] = ..., family: _Optional[str] = ..., default_width: _Optional[int] = ..., default_height: _Optional[int] = ..., max_side: _Optional[int] = ..., size_multiple: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., knobs: _Optional[_Iterable[_Union[KnobSpec, _Mapping]]] = ..., quality_steps: _Optional[_Mapping[str, int]] = ..., max_upscale: _Optional[int] = ...) -> None: ...
+    grid: GridRule
+    def __init__(self, id: _Optional[str] = ..., family: _Optional[str] = ..., default_width: _Optional[int] = ..., default_height: _Optional[int] = ..., max_side: _Optional[int] = ..., size_multiple: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., knobs: _Optional[_Iterable[_Union[KnobSpec, _Mapping]]] = ..., quality_steps: _Optional[_Mapping[str, int]] = ..., max_upscale: _Optional[int] = ..., grid: _Optional[_Union[GridRule, _Mapping]] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
     __slots__ = ("models",)

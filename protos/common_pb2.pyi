@@ -29,7 +29,7 @@ class Tensor(_message.Message):
     def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class StageTimings(_message.Message):
-    __slots__ = ("ar_prefill_ms", "ar_decode_ms", "ar_tokens", "condition_transfer_ms", "dit_queue_ms", "denoise_ms", "vae_decode_ms", "encode_ms", "total_ms", "transformer_calls", "preview_ms", "dit_steps_computed", "dit_steps_skipped", "ar_forwards")
+    __slots__ = ("ar_prefill_ms", "ar_decode_ms", "ar_tokens", "condition_transfer_ms", "dit_queue_ms", "denoise_ms", "vae_decode_ms", "encode_ms", "total_ms", "transformer_calls", "preview_ms", "dit_steps_computed", "dit_steps_skipped", "ar_forwards", "ar_grid_width", "ar_grid_height")
     AR_PREFILL_MS_FIELD_NUMBER: _ClassVar[int]
     AR_DECODE_MS_FIELD_NUMBER: _ClassVar[int]
     AR_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,8 @@ class StageTimings(_message.Message):
     DIT_STEPS_COMPUTED_FIELD_NUMBER: _ClassVar[int]
     DIT_STEPS_SKIPPED_FIELD_NUMBER: _ClassVar[int]
     AR_FORWARDS_FIELD_NUMBER: _ClassVar[int]
+    AR_GRID_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    AR_GRID_HEIGHT_FIELD_NUMBER: _ClassVar[int]
     ar_prefill_ms: float
     ar_decode_ms: float
     ar_tokens: int
@@ -58,7 +60,9 @@ class StageTimings(_message.Message):
     dit_steps_computed: int
     dit_steps_skipped: int
     ar_forwards: int
-    def __init__(self, ar_prefill_ms: _Optional[float] = ..., ar_decode_ms: _Optional[float] = ..., ar_tokens: _Optional[int] = ..., condition_transfer_ms: _Optional[float] = ..., dit_queue_ms: _Optional[float] = ..., denoise_ms: _Optional[float] = ..., vae_decode_ms: _Optional[float] = ..., encode_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., transformer_calls: _Optional[int] = ..., preview_ms: _Optional[float] = ..., dit_steps_computed: _Optional[int] = ..., dit_steps_skipped: _Optional[int] = ..., ar_forwards: _Optional[int] = ...) -> None: ...
+    ar_grid_width: int
+    ar_grid_height: int
+    def __init__(self, ar_prefill_ms: _Optional[float] = ..., ar_decode_ms: _Optional[float] = ..., ar_tokens: _Optional[int] = ..., condition_transfer_ms: _Optional[float] = ..., dit_queue_ms: _Optional[float] = ..., denoise_ms: _Optional[float] = ..., vae_decode_ms: _Optional[float] = ..., encode_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., transformer_calls: _Optional[int] = ..., preview_ms: _Optional[float] = ..., dit_steps_computed: _Optional[int] = ..., dit_steps_skipped: _Optional[int] = ..., ar_forwards: _Optional[int] = ..., ar_grid_width: _Optional[int] = ..., ar_grid_height: _Optional[int] = ...) -> None: ...
 
 class GeneratedImage(_message.Message):
     __slots__ = ("index", "seed", "format", "data", "width", "height")

@@ -65,6 +65,7 @@ RELEASED_NEGATIVE_PROMPT = (
 )
 #: Accepted values of the behaviour settings below; the first of each is the default.
 SETTING_CHOICES = {
+    "grid_rule": ("token_budget", "pixels_per_token"),
     "condition_scope": ("all_generated", "answer_window"),
     "visual_token_scope": ("exclusive_end", "start_plus_end"),
     "cfg_range_policy": ("per_step", "off_after_first_exit"),
@@ -79,9 +80,15 @@ MAX_UPSCALE = 16
 class ServingDefaults:
     """What ardit needs to serve a checkpoint that the checkpoint itself does not say (``ardit_serving.json``).
 
-    pixels_per_token: image pixels per visual token along each side. vllm-omni's MammothModa2 stage
-    uses 16 (1024x1024 -> a 64x64 grid); the upstream README speaks of 32x32 grids at 1024x1024
-    (32 pixels per token). ardit follows vllm-omni by default; set 32 here to follow the README.
+    grid_rule: how the AR's visual-token grid follows the rendered size (ar_service.prompt.GridRule owns the
+    formula). ``token_budget`` (default): about ``grid_tokens`` visual tokens at the image's aspect ratio, whatever
+    its size; with the default 1024 every square size gets the 32x32 grid the released MammothModa2 code decodes
+    (bytedance/mammothmoda qwen25vl: the processor's and ``generate_t2i``'s ar_height = ar_width = 32, the README's
+    1024x1024 example). ``pixels_per_token``: one token per ``pixels_per_token`` x ``pixels_per_token`` pixels
+    (vllm-omni's MammothModa2 stage with 16: 1024x1024 -> a 64x64 grid, four times the released AR work); sizes
+    must then be multiples of pixels_per_token too.
+    grid_tokens: the token_budget rule's budget (width x height of the grid, about).
+    pixels_per_token: the pixels_per_token rule's pixels per token along each side.
 
     The rest choose between the released MammothModa2 inference code and ardit's defaults where they differ
     (docs/models/mammothmoda2.md, "Where ardit and the references differ"):
@@ -113,6 +120,8 @@ class ServingDefaults:
     default_width: int = 1024
     default_height: int = 1024
     max_side: int = 2048
+    grid_rule: str = SETTING_CHOICES["grid_rule"][0]
+    grid_tokens: int = 1024
     pixels_per_token: int = 16
     default_negative_prompt: str = RELEASED_NEGATIVE_PROMPT
     condition_scope: str = SETTING_CHOICES["condition_scope"][0]
@@ -127,6 +136,10 @@ class ServingDefaults:
         for name, choices in SETTING_CHOICES.items():
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}; got {getattr(self, name)!r}")
+        if self.grid_tokens < 1:
+            raise ValueError(f"grid_tokens must be at least 1; got {self.grid_tokens}")
+        if self.pixels_per_token < 1:
+            raise ValueError(f"pixels_per_token must be at least 1; got {self.pixels_per_token}")
 
 
 @dataclass(frozen=True)

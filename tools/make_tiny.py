@@ -22,6 +22,7 @@ from transformers.utils import logging as transformers_logging
 
 from ar_service.model.t2i_config import T2IGenerationConfig
 from ar_service.model.tiny import (
+    TINY_GRID,
     TINY_HIDDEN_SIZE,
     preview_llm_config,
     root_config,
@@ -33,8 +34,9 @@ from dit_service.model.pipeline import preview_gen_parts
 from dit_service.model.tiny import tiny_gen_parts
 from servicekit.checkpoint import CONFIG_FILE, ServingDefaults, save_tensors, write_serving_defaults
 
-# 256x256 keeps a CPU request around a second; 512 caps it at a few seconds.
-TINY_SERVING = ServingDefaults(default_width=256, default_height=256, max_side=512, pixels_per_token=16)
+# 256x256 keeps a CPU request around a second; 512 caps it at a few seconds. Its grid: one token per 16x16 pixels
+# (TINY_GRID); the Preview-shaped skeleton gets the released grid (ServingDefaults: about 1,024 tokens, 32x32 square).
+TINY_SERVING = ServingDefaults(default_width=256, default_height=256, max_side=512, **TINY_GRID)
 PREVIEW_HIDDEN_SIZE = 3584
 
 

@@ -31,8 +31,10 @@ HIDDEN = 128
 # model (train/README.md): requests that leave the knobs out get 50 steps at guidance 3, the evaluated setting.
 # It draws at most 256x256 (and well only at 128x128, its training size); OpenAI clients send 512x512 or 1024x1024
 # unasked, so sizes above 256 are drawn at 128x128 and enlarged 4 or 8 times (max_upscale; the answer states the
-# size its pictures have).
-SERVING = ServingDefaults(default_width=128, default_height=128, max_side=256, pixels_per_token=16, default_negative_prompt="",
+# size its pictures have). It learnt an 8x8 grid at 128x128, one visual token per 16x16 pixels (train/visual_tokens.py):
+# its grid rule says so (grid_rule pixels_per_token), not the released MammothModa2 grid that ardit serves by default.
+SERVING = ServingDefaults(default_width=128, default_height=128, max_side=256, grid_rule="pixels_per_token",
+                          pixels_per_token=16, default_negative_prompt="",
                           knob_defaults={"num_inference_steps": 50, "text_guidance_scale": 3.0}, max_upscale=8)
 
 

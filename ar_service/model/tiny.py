@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 import transformers
@@ -35,6 +36,10 @@ from ar_service.model.tokenizer import (
 
 TINY_HIDDEN_SIZE = 64
 TINY_MOE_TYPE = "ffn-1:2"  # experts on layer 1 only: exercises the layer-range grammar
+#: The tiny model's grid rule (keys of its ardit_serving.json): one visual token per 16x16 pixels, vllm-omni's rule,
+#: whose small grids at small sizes keep CPU requests fast. tools.make_tiny and ``write_ar_only_root`` write it; the
+#: Preview shapes get the released default (about 1,024 tokens: 32x32 for a square).
+TINY_GRID: dict[str, Any] = {"grid_rule": "pixels_per_token", "pixels_per_token": 16}
 
 # Qwen2.5 special ids (vllm-omni MammothModa2 tests; the MammothU tokenizer layout).
 PREVIEW_IMAGE_TOKEN_ID = 151655
@@ -230,9 +235,10 @@ AR_ONLY_GEN_STUBS = {"gen_dit_config": {"patch_size": 2}, "gen_vae_config": {"bl
 def write_ar_only_root(root: Path, preview: bool = False, weights: bool = True) -> Path:
     """A checkpoint root with only the AR parts (config.json with llm_config and gen_* stubs); for tests.
 
-    ``preview`` writes the Preview shapes and tokenizer with no weights (random-weights mode).
+    ``preview`` writes the Preview shapes and tokenizer with no weights (random-weights mode) and no
+    ardit_serving.json (the released grid); the tiny one says its grid (``TINY_GRID``) in ardit_serving.json.
     """
-    from servicekit.checkpoint import save_tensors
+    from servicekit.checkpoint import SERVING_FILE, save_tensors
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -246,4 +252,6 @@ def write_ar_only_root(root: Path, preview: bool = False, weights: bool = True) 
     (root / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     if weights and tensors is not None:
         save_tensors(root, tensors)
+    if not preview:
+        (root / SERVING_FILE).write_text(json.dumps(TINY_GRID, indent=2, sort_keys=True) + "\n")
     return root

@@ -47,7 +47,7 @@ def test_generate_over_grpc_shows_progress_and_writes_the_images_the_api_makes(s
     assert "AR rows: 8/8" in done.stderr.splitlines(), done.stderr
     assert "denoise steps: 6/6" in done.stderr.splitlines(), done.stderr
     assert f"wrote {Path('fox-0.png')} (128x64, seed 7)" in done.stdout and f"wrote {Path('fox-1.png')} (128x64, seed 8)" in done.stdout
-    assert re.search(r"^request img-[0-9a-f]+ in \d+ ms", done.stdout, re.M), done.stdout
+    assert re.search(r"^request img-[0-9a-f]+ in \d+ ms \(8x4-token grid, AR decode", done.stdout, re.M), done.stdout
     written = [(tmp_path / f"fox-{i}.png").read_bytes() for i in range(2)]
     assert [Image.open(io.BytesIO(data)).size for data in written] == [(128, 64), (128, 64)]
     # the same request through the REST API: every knob went through, so the images are the same
@@ -98,6 +98,7 @@ def test_help_lists_every_knob_of_the_servers_table(stack, tmp_path):
         assert "--cfg-execution-mode {sequential,packed}" in text
     listing = ardit("models", "--grpc", stack.ar_address, cwd=tmp_path)
     assert listing.returncode == 0 and all(option(knob["name"]) in listing.stdout for knob in knobs)
+    assert "  visual-token grid: one visual token per 16x16 pixels" in listing.stdout.splitlines()
 
 
 def test_help_without_a_server_says_where_the_knobs_would_come_from(tmp_path):

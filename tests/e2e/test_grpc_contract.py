@@ -89,6 +89,7 @@ def test_bad_knob_is_invalid_argument_naming_it(generator):
 def test_models_are_listed(generator):
     (card,) = generator.ListModels(ar_pb2.ListModelsRequest(), timeout=10).models
     assert card.size_multiple == 16 and card.max_side == 512
+    assert (card.grid.rule, card.grid.pixels_per_token) == ("pixels_per_token", 16)  # the tiny model's grid
     assert {k.name for k in card.knobs} >= {"num_inference_steps", "text_guidance_scale", "cfg_range"}
 
 

@@ -43,6 +43,15 @@ def test_non_square_size_is_width_by_height(stack):
     image = Image.open(io.BytesIO(image_bytes(response.json()["data"][0])))
     assert image.size == (512, 256)
     assert response.json()["size"] == "512x256"
+    # the tiny model's grid rule (its ardit_serving.json): one token per 16x16 pixels, so 32x16 tokens
+    timings = response.json()["timings"]
+    assert (timings["ar_grid_width"], timings["ar_grid_height"]) == (32, 16)
+    assert timings["ar_tokens"] == 16 * 33 + 1
+
+
+def test_the_model_card_states_the_grid_rule(stack):
+    (model,) = httpx.get(f"{stack.gateway_url}/v1/models", timeout=30).json()["data"]
+    assert model["ardit"]["grid"] == {"rule": "pixels_per_token", "pixels_per_token": 16}
 
 
 def test_same_seed_same_bytes_and_different_seed_different_image(stack):
@@ -60,6 +69,9 @@ def test_n_images_use_consecutive_seeds(stack):
     assert pair.status_code == 200, pair.text
     body = pair.json()
     assert body["seeds"] == [500, 501]
+    # the tokens add up over the images; the grid is the one both had
+    assert body["timings"]["ar_tokens"] == 2 * (16 * 17 + 1)
+    assert (body["timings"]["ar_grid_width"], body["timings"]["ar_grid_height"]) == (16, 16)
     images = [image_bytes(item) for item in body["data"]]
     assert images[0] != images[1]
     alone = generate(stack, seed=501)
@@ -82,6 +94,7 @@ def test_response_reports_stage_timings_and_guidance_calls(stack):
     for stage in ("ar_prefill_ms", "ar_decode_ms", "denoise_ms", "vae_decode_ms", "encode_ms", "total_ms"):
         assert timings[stage] > 0, stage
     assert timings["ar_tokens"] == 16 * 17 + 1  # 256x256 at 16 pixels per token
+    assert (timings["ar_grid_width"], timings["ar_grid_height"]) == (16, 16)
     assert timings["transformer_calls"] == 8  # 4 steps, guidance everywhere
     narrow = generate(stack, seed=3, text_guidance_scale=4.0, cfg_range=[0.25, 0.5]).json()
     assert narrow["timings"]["transformer_calls"] == 6

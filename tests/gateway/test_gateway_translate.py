@@ -75,7 +75,8 @@ def completed(**overrides) -> ar_pb2.GenerateImageResponse:
     fields = dict(
         request_id="img-abc", model="tiny", seed=500, width=512, height=256,
         timings=common_pb2.StageTimings(ar_prefill_ms=1.5, ar_decode_ms=20.0, ar_tokens=529, denoise_ms=30.25,
-                                        vae_decode_ms=2.0, encode_ms=1.0, total_ms=60.0, transformer_calls=8),
+                                        vae_decode_ms=2.0, encode_ms=1.0, total_ms=60.0, transformer_calls=8,
+                                        ar_grid_width=32, ar_grid_height=16),
         knobs={"num_inference_steps": to_value(16), "cfg_range": to_value([0.0, 1.0])},
     )
     fields.update(overrides)
@@ -111,7 +112,7 @@ def test_response_has_openai_shape_with_seeds_and_timings():
             "ar_prefill_ms": 1.5, "ar_decode_ms": 20.0, "ar_tokens": 529, "condition_transfer_ms": 0.0,
             "dit_queue_ms": 0.0, "denoise_ms": 30.25, "vae_decode_ms": 2.0, "encode_ms": 1.0, "total_ms": 60.0,
             "transformer_calls": 8, "preview_ms": 0.0, "dit_steps_computed": 0, "dit_steps_skipped": 0, "ar_forwards": 0,
-            "gateway_ms": 1.235,
+            "ar_grid_width": 32, "ar_grid_height": 16, "gateway_ms": 1.235,
         },
         "knobs": {"num_inference_steps": 16, "cfg_range": [0, 1]},
     }
@@ -121,7 +122,7 @@ def test_response_has_openai_shape_with_seeds_and_timings():
 def test_model_card_translation():
     card = ar_pb2.ModelCard(
         id="tiny", family="mammothmoda2", default_width=256, default_height=128, max_side=512, size_multiple=16,
-        max_prompt_tokens=1024, quality_steps={"low": 16},
+        max_prompt_tokens=1024, quality_steps={"low": 16}, grid=ar_pb2.GridRule(rule="token_budget", tokens=1024),
         knobs=[
             ar_pb2.KnobSpec(name="num_inference_steps", type="int", default=to_value(50), minimum=1, maximum=200,
                             description="steps"),
@@ -138,6 +139,7 @@ def test_model_card_translation():
     assert ardit["family"] == "mammothmoda2" and ardit["default_size"] == "256x128"
     assert (ardit["max_side"], ardit["size_multiple"], ardit["max_prompt_tokens"]) == (512, 16, 1024)
     assert ardit["quality_steps"] == {"low": 16}
+    assert ardit["grid"] == {"rule": "token_budget", "tokens": 1024}
     steps, top_p, mode = ardit["knobs"]
     assert steps == {"name": "num_inference_steps", "type": "int", "default": 50, "minimum": 1, "maximum": 200,
                      "choices": None, "description": "steps"}
@@ -189,3 +191,15 @@ def test_unavailable_message_names_the_stage():
         FakeRpcError(grpc.StatusCode.UNAVAILABLE, "dit_service is unavailable: connection refused"), "ar:50051"
     )
     assert dit_down.message == "dit_service is unavailable: connection refused"
+
+
+def test_model_card_grid_rule_names_its_own_parameter():
+    def grid(**fields):
+        card = ar_pb2.ModelCard(id="m", **fields)
+        return translate.models_to_openai(ar_pb2.ListModelsResponse(models=[card]))["data"][0]["ardit"]["grid"]
+
+    assert grid(grid=ar_pb2.GridRule(rule="pixels_per_token", tokens=1024, pixels_per_token=16)) == {
+        "rule": "pixels_per_token", "pixels_per_token": 16}
+    assert grid(grid=ar_pb2.GridRule(rule="token_budget", tokens=256, pixels_per_token=16)) == {
+        "rule": "token_budget", "tokens": 256}
+    assert grid() is None  # a server that does not say

@@ -28,6 +28,14 @@ def test_defaults_follow_ardit_and_the_released_negative_prompt(root):
         "all_generated", "exclusive_end", "per_step")
     assert serving.default_negative_prompt == RELEASED_NEGATIVE_PROMPT
     assert RELEASED_NEGATIVE_PROMPT.startswith("deformed, blurry") and RELEASED_NEGATIVE_PROMPT.endswith("instruction.")
+    # the released grid: about 1,024 visual tokens (32x32 for a square), not vllm-omni's 16 pixels a token
+    assert (serving.grid_rule, serving.grid_tokens) == ("token_budget", 1024)
+
+
+def test_vllm_omnis_grid_is_one_setting_away(root):
+    (root / SERVING_FILE).write_text(json.dumps({"grid_rule": "pixels_per_token"}))
+    serving = open_checkpoint(root, require_weights=False).serving
+    assert (serving.grid_rule, serving.pixels_per_token) == ("pixels_per_token", 16)
 
 
 def test_the_released_behaviour_is_a_setting_away(root):
@@ -42,6 +50,11 @@ def test_the_released_behaviour_is_a_setting_away(root):
     ({"cfg_range_policy": "latched"}, "cfg_range_policy must be one of per_step, off_after_first_exit"),
     ({"default_negative_prompt": None}, "default_negative_prompt must be a string"),
     ({"pixels_per_token": "16"}, "pixels_per_token must be an integer"),
+    ({"pixels_per_token": 0}, "pixels_per_token must be at least 1; got 0"),
+    ({"grid_rule": "square"}, "grid_rule must be one of token_budget, pixels_per_token; got 'square'"),
+    ({"grid_rule": 16}, "grid_rule must be a string"),
+    ({"grid_tokens": 0}, "grid_tokens must be at least 1; got 0"),
+    ({"grid_tokens": 1024.0}, "grid_tokens must be an integer"),
     ({"negative": "x"}, "unknown keys"),
 ])
 def test_a_bad_setting_is_refused_naming_it(root, data, message):
