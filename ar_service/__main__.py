@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
             decode_lookahead=settings.decode_lookahead,
             deterministic=settings.deterministic,
             profiler=make_profiler("ar_service", settings.profile_dir, device, settings.profile_max_traces),
+            gpu_memory_utilization=settings.gpu_memory_utilization,
         )
     except BaseException:
         abort_start("ar_service", running.server)

@@ -15,6 +15,7 @@ condition after prefill, then every grid row as soon as it is decoded.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import queue
@@ -34,6 +35,16 @@ from ar_service.decoding import SEQUENTIAL, Decoding
 from ar_service.decoding.decoders import ROWS_PER_IMAGE, EagerDecoder, SlotDecoder
 from ar_service.decoding.stream import DecodeStream
 from ar_service.metrics import EngineMetrics
+from ar_service.model.decode_memory import (
+    DecodeMemoryError,
+    DeviceMemory,
+    cuda_memory,
+    decode_bytes_per_slot,
+    decode_workspace_bytes,
+    fit_batch,
+    format_bytes,
+    is_out_of_memory,
+)
 from ar_service.model.loading import LoadedAR
 from ar_service.model.static_decode import StaticDecoder
 from ar_service.planning import ImagePlan, RequestPlanner
@@ -222,9 +233,17 @@ class AREngine:
         decode_lookahead: bool = False,
         deterministic: bool = False,
         profiler: BusyProfiler | None = None,
+        gpu_memory_utilization: float = 0.9,
+        device_memory: DeviceMemory | None = None,
     ):
+        """``gpu_memory_utilization``: the fraction of the device's total memory this process may hold; the fast
+        decoder is sized to fit it (fewer images than ``max_batch_size`` when they do not: ``self.max_batch_size``
+        says how many). ``device_memory``: the device's figures to size against (default: read from CUDA; on the
+        CPU none, so no limit)."""
         if max_batch_size < 1 or max_queued_requests < 0:
             raise ValueError("max_batch_size must be >= 1 and max_queued_requests >= 0")
+        if not 0 < gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], not {gpu_memory_utilization}")
         self.loaded = loaded
         self.checkpoint = checkpoint
         self.serving = checkpoint.serving
@@ -237,44 +256,51 @@ class AREngine:
         self.model_id = self.planner.model_id
         self.ar_defaults = self.planner.ar_defaults
         self.choices = self.planner.choices
-        self.max_batch_size = max_batch_size
         self.max_queued_requests = max_queued_requests
-        self.metrics = metrics or EngineMetrics(max_batch_size)
         self.profiler = profiler  # None: no tracing, stage labels are a shared no-op
         # The shared system-prompt prefix: split off every prompt either way (same numbers with or without
         # the cache), computed once when the cache is on.
         self.prefix_ids = system_prefix_ids(loaded.tokenizer)
         self.prefix = build_prefix_cache(loaded.model, self.prefix_ids) if prefix_cache else None
-        # Negative prompts' conditions and guided images' unconditional rows, kept by their ids (0: none kept).
-        self.memo = PrefillMemo(prefill_memo, self.metrics.count_prefill_memo) if prefill_memo > 0 else None
         # Eager: each stream its own cache, padded batch. Fast: fixed slots and an in-place cache sized for the
         # longest request this engine accepts, CUDA graphs on CUDA; deterministic: every step runs every slot
         # (StaticDecoder's full_length) so that no shape depends on the batch-mates (batch-invariant to the bit).
         # Either way there are ROWS_PER_IMAGE rows per image: an AR-guided image decodes an unconditional row too.
-        rows = ROWS_PER_IMAGE * max_batch_size
+        # The fast decoder is sized to the device's memory first (fit_fast_decoder): it may hold fewer images.
         if decoder is None and fast_decode:
-            static = StaticDecoder(
-                loaded.model, rows, self.max_positions(), compile=compile_decode, full_length=deterministic,
-                compile_mode=compile_decode_mode, kernels=decode_kernels,
-                # lanes of speculative decoding read their stream's slot: free with the triton kernels, a gather
-                # of the cache per layer with the torch ones (which then keep one token per forward)
-                shared_slots=decode_kernels == "triton",
+            # lanes of speculative decoding read their stream's slot: free with the triton kernels, a gather
+            # of the cache per layer with the torch ones (which then keep one token per forward)
+            shared_slots = decode_kernels == "triton"
+
+            def build(rows: int) -> SlotDecoder:
+                static = StaticDecoder(
+                    loaded.model, rows, self.max_positions(), compile=compile_decode, full_length=deterministic,
+                    compile_mode=compile_decode_mode, kernels=decode_kernels, shared_slots=shared_slots,
+                )
+                log.info(
+                    "fast decode: %d slots x %d positions (%.2f GiB of K/V), %s kernels, %s%s", rows,
+                    static.max_positions, (static.k.numel() + static.v.numel()) * static.k.element_size() / 2**30,
+                    decode_kernels, "CUDA graphs" if static.cuda_graphs else "no CUDA graphs",
+                    ", compiled" if compile_decode else "",
+                )
+                started = time.perf_counter()
+                default = self.planner.grid_rule.grid(self.serving.default_width, self.serving.default_height)
+                typical = len(prompt_ids_for(loaded.tokenizer, "", default)) + min(256, max_prompt_tokens)
+                graphs = static.warm_up(typical + default.decode_tokens)
+                if graphs:
+                    log.info("fast decode: %d CUDA graphs captured in %.1f s", graphs, time.perf_counter() - started)
+                static.lookahead = decode_lookahead
+                return SlotDecoder(static)
+
+            decoder, max_batch_size = self.fit_fast_decoder(
+                max_batch_size, build, kernels=decode_kernels, shared_slots=shared_slots, device_memory=device_memory,
+                utilization=gpu_memory_utilization,
             )
-            log.info(
-                "fast decode: %d slots x %d positions (%.2f GiB of K/V), %s kernels, %s%s", rows,
-                static.max_positions, (static.k.numel() + static.v.numel()) * static.k.element_size() / 2**30,
-                decode_kernels, "CUDA graphs" if static.cuda_graphs else "no CUDA graphs",
-                ", compiled" if compile_decode else "",
-            )
-            started = time.perf_counter()
-            default = self.planner.grid_rule.grid(self.serving.default_width, self.serving.default_height)
-            typical = len(prompt_ids_for(loaded.tokenizer, "", default)) + min(256, max_prompt_tokens)
-            graphs = static.warm_up(typical + default.decode_tokens)
-            if graphs:
-                log.info("fast decode: %d CUDA graphs captured in %.1f s", graphs, time.perf_counter() - started)
-            static.lookahead = decode_lookahead
-            decoder = SlotDecoder(static)
-        self.decoder = decoder or EagerDecoder(loaded.model, rows)
+        self.decoder = decoder or EagerDecoder(loaded.model, ROWS_PER_IMAGE * max_batch_size)
+        self.max_batch_size = max_batch_size  # what the decoder holds: admission, status and metrics follow it
+        self.metrics = metrics or EngineMetrics(max_batch_size)
+        # Negative prompts' conditions and guided images' unconditional rows, kept by their ids (0: none kept).
+        self.memo = PrefillMemo(prefill_memo, self.metrics.count_prefill_memo) if prefill_memo > 0 else None
         default_mode = self.ar_defaults.get("ar_decoding", SEQUENTIAL)
         if not self.decoder.decodes(Decoding(default_mode)):
             raise ValueError(f"the checkpoint's default ar_decoding {default_mode!r} cannot run on this server's "
@@ -295,6 +321,90 @@ class AREngine:
         self._stream = torch.cuda.Stream(device, priority=-100) if device.type == "cuda" else None
         self._worker = threading.Thread(target=self._work, name="ar-worker", daemon=True)
         self._worker.start()
+
+    def fit_fast_decoder(
+        self,
+        images: int,
+        build: Callable[[int], SlotDecoder],
+        *,
+        kernels: str,
+        shared_slots: bool,
+        device_memory: DeviceMemory | None,
+        utilization: float,
+    ) -> tuple[SlotDecoder, int]:
+        """``build(rows)`` for ``images`` images, or for as many as the device's memory holds (docs/ar_batching.md,
+        "Decode memory"): sized before anything is allocated against ``utilization`` of the device (``device_memory``,
+        or CUDA's figures read now; none on the CPU), then, should building or capturing the graphs still run out of
+        memory, built again with half the images, down to one. Returns the decoder and its images; raises
+        ``DecodeMemoryError`` when not even one image fits."""
+        model, config = self.loaded.model, self.loaded.config
+        positions = self.max_positions()
+        dtype_bytes = model.dtype.itemsize
+        per_slot = decode_bytes_per_slot(config, positions, dtype_bytes)
+        fp8 = any(getattr(m, "weight_scale", None) is not None for m in model.modules())
+
+        def workspace(rows: int) -> int:
+            return decode_workspace_bytes(config, rows, positions, dtype_bytes=dtype_bytes, shared_slots=shared_slots,
+                                          kernels=kernels, fp8=fp8)
+
+        def one_image() -> str:
+            rows = ROWS_PER_IMAGE
+            return (f"one image ({rows} decode slots x {positions} positions) needs {format_bytes(rows * per_slot)} "
+                    f"of K/V and {format_bytes(workspace(rows))} of step workspace")
+
+        remedy = ("raise gpu_memory_utilization (ARDIT_AR_GPU_MEMORY_UTILIZATION) or shorten the decode cache with a "
+                  "lower max_pixels or max_prompt_tokens")
+        cuda = model.device.type == "cuda"
+        memory = device_memory
+        if memory is None and cuda:
+            torch.cuda.empty_cache()  # what the allocator keeps cached from the load is this process's to use
+            memory = cuda_memory(model.device)
+            # The share is a limit too, from here on: past it this process's allocations fail (and the decoder is
+            # built again smaller, below), not those of a dit_service on the same GPU.
+            torch.cuda.set_per_process_memory_fraction(utilization, model.device)
+        if memory is not None:
+            available = memory.budget(utilization)
+            try:
+                fit = fit_batch(images, ROWS_PER_IMAGE, per_slot, workspace, available)
+            except DecodeMemoryError as exc:
+                raise DecodeMemoryError(
+                    f"ar_service cannot hold the decode memory of even one image: {one_image()} "
+                    f"({format_bytes(exc.needed)}), and {format_bytes(available)} is available "
+                    f"({memory.describe(utilization)}); {remedy}", exc.needed, available,
+                ) from None
+            if fit.shrunk:
+                asked = ROWS_PER_IMAGE * images
+                log.warning(
+                    "decode memory: max_batch_size %d does not fit: %d images need %s (%d slots x %d positions of K/V "
+                    "at %s a slot, plus %s of step workspace), and %s is available (%s); max_batch_size %d instead "
+                    "(%s)", images, images, format_bytes(fit.requested_needed), asked, positions, format_bytes(per_slot),
+                    format_bytes(workspace(asked)), format_bytes(available), memory.describe(utilization), fit.images,
+                    format_bytes(fit.needed),
+                )
+            images = fit.images
+        while True:
+            try:
+                built = build(ROWS_PER_IMAGE * images)
+                if cuda:
+                    torch.cuda.empty_cache()  # the capture's eager warm-up runs kept their blocks cached
+                return built, images
+            except Exception as exc:
+                if not is_out_of_memory(exc):
+                    raise
+                error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            # Out of the except block, its traceback (and the half-built decoder its frames hold) is gone.
+            gc.collect()
+            if cuda:
+                torch.cuda.empty_cache()
+            if images == 1:
+                raise DecodeMemoryError(
+                    f"ar_service ran out of GPU memory building its fast decoder for one image ({error}): "
+                    f"{one_image()}; {remedy}", ROWS_PER_IMAGE * per_slot + workspace(ROWS_PER_IMAGE),
+                    memory.budget(utilization) if memory is not None else 0,
+                )
+            log.warning("decode memory: building the fast decoder for %d images (%d slots) ran out of memory (%s); "
+                        "building it for %d", images, ROWS_PER_IMAGE * images, error, images // 2)
+            images //= 2
 
     def max_positions(self) -> int:
         """The planner's ``max_positions``: what the fast decoder's cache must hold."""

@@ -44,6 +44,15 @@ class ARSettings(ModelServiceSettings):
         "> 1), and the decoder holds two rows per image: every eager decode step runs padded to 2 * max_batch_size "
         "rows (batch invariance)",
     )
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1,
+        description="the fraction of the GPU's total memory ar_service may hold (weights, the fast decoder's K/V "
+        "slots and CUDA-graph workspace; on CUDA a hard limit once the fast decoder is sized). The fast decoder is "
+        "sized to it: when max_batch_size images do not fit, fewer decode together (a warning gives the figures), "
+        "and when not even one does, the start is refused. Where dit_service shares the GPU, give each service its "
+        "share of the card (dit_service takes what this one leaves: 0.7 leaves ~24 GiB for the Preview DiT on an "
+        "80 GB GPU, as compose.gpu.yaml and bench/saturation.py set)",
+    )
     max_queued_requests: int = Field(
         16, ge=0, description="requests that may wait for a slot; beyond this, RESOURCE_EXHAUSTED (HTTP 429) at once"
     )

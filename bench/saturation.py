@@ -21,9 +21,10 @@ Prometheus histograms over the window, the mean decode streams per AR step and i
 mean wall time: which stage held the GPU.
 
 The services run with settings for many streams (``SATURATION_AR_ARGS``, ``SATURATION_DIT_ARGS``: 32 decode
-streams, DiT batches of 8, queues deep enough for 32 clients); ``--service-arg`` (both model services),
-``--ar-arg`` and ``--dit-arg`` add flags after them (a later flag wins). The precision label of the run is
-``fp8`` when a service flag asks for it, else the model dtype, unless ``--label`` says otherwise.
+streams, or as many as fit the AR's 70% share of the GPU, DiT batches of 8, queues deep enough for 32 clients);
+``--service-arg`` (both model services), ``--ar-arg`` and ``--dit-arg`` add flags after them (a later flag wins).
+The precision label of the run is ``fp8`` when a service flag asks for it, else the model dtype, unless ``--label``
+says otherwise.
 
 Writes ``OUT/saturation.json`` (after every point, so a run cut short keeps what it measured) and
 ``OUT/SATURATION.md`` (``bench.saturation_report``: the points and the project's throughput targets, pass/fail).
@@ -68,8 +69,13 @@ DEFAULT_POINTS = "512:20:16,512:20:32,1024:50:8"
 
 #: ar_service for many streams: 32 images decode in one step (64 decoder rows with AR guidance: past the triton
 #: kernels' 16 rows, so the torch kernels run; ``--ar-arg=--max-batch-size=8`` keeps triton), a queue for 32 more,
-#: and the K/V slots sized for 1024x1024 at most (the largest size measured), not the model's 2048.
-SATURATION_AR_ARGS = ["--max-batch-size", "32", "--max-queued-requests", "64", "--max-pixels", str(1024 * 1024)]
+#: the K/V slots sized for 1024x1024 at most (the largest size measured), not the model's 2048, and 70% of the GPU,
+#: which the two services share: on an 80 GB card ~56 GiB for the AR (~20 GB of weights, the rest for its decode
+#: slots and graphs) and ~24 GiB left for the DiT (7-12 GiB) and both CUDA contexts. Where 32 images do not fit that
+#: share, the AR decodes as many as do and its log says so (docs/ar_batching.md, "Decode memory"); the run records
+#: the batch it got (``engines``' ``max_batch_size``).
+SATURATION_AR_ARGS = ["--max-batch-size", "32", "--max-queued-requests", "64", "--max-pixels", str(1024 * 1024),
+                      "--gpu-memory-utilization", "0.7"]
 #: dit_service: batches of 8 images, room for every AR stream's render to be admitted at its header, and a CUDA
 #: graph for each batch size of both sizes (1..8 images at 512 and at 1024).
 SATURATION_DIT_ARGS = ["--max-batch-size", "8", "--max-queued-renders", "64", "--cuda-graphs", "24"]
@@ -374,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result["startup_s"] = stack.start()
         print(f"[saturation] services up in {result['startup_s']:.1f} s", flush=True)
-        result["service_logs"] = {name: stack.log_lines(name, "ready", "fast decode", "decode kernels")
+        result["service_logs"] = {name: stack.log_lines(name, "ready", "fast decode", "decode kernels", "decode memory")
                                   for name in ("ar_service", "dit_service")}
         seed = args.seed
         for point in args.points:
