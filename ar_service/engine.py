@@ -268,9 +268,9 @@ class AREngine:
         # Either way there are ROWS_PER_IMAGE rows per image: an AR-guided image decodes an unconditional row too.
         # The fast decoder is sized to the device's memory first (fit_fast_decoder): it may hold fewer images.
         if decoder is None and fast_decode:
-            # lanes of speculative decoding read their stream's slot: free with the triton kernels, a gather
-            # of the cache per layer with the torch ones (which then keep one token per forward)
-            shared_slots = decode_kernels == "triton"
+            # lanes of speculative and row-parallel decoding read their stream's slot: free with the triton
+            # kernels; with the torch ones a gather of the cache per layer, in graphs of their own
+            shared_slots = True
 
             def build(rows: int) -> SlotDecoder:
                 static = StaticDecoder(

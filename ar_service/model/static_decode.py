@@ -586,9 +586,11 @@ class StaticDecoder:
             return self.max_positions, rows, gather
         return min(self.max_positions, bucket_for(max(indexes) + 1)), rows, gather
 
-    def warm_up(self, positions: int) -> int:
+    def warm_up(self, positions: int, lanes: bool = False) -> int:
         """Captures, up front, the graphs of every row count and every bucket up to ``positions`` (so that no
-        request pays for a capture or a compilation); returns how many graphs there are."""
+        request pays for a capture or a compilation); returns how many graphs there are. With the torch kernels, the
+        graphs of steps of lanes (``gather``) only when ``lanes``: they double the count (over a hundred graphs, about
+        two minutes of start-up at 64 rows), and otherwise each is captured the first time a step needs it."""
         if not self.cuda_graphs:
             return 0
         # torch.cuda.graph may collect garbage before each capture (torch.compiler.config.force_cudagraph_gc, the
@@ -596,14 +598,14 @@ class StaticDecoder:
         # collection only walks what was created since.
         gc.freeze()
         try:
-            return self._capture_all(positions)
+            return self._capture_all(positions, lanes)
         finally:
             gc.unfreeze()
 
-    def graph_keys(self, positions: int) -> list[tuple[int, int, bool]]:
+    def graph_keys(self, positions: int, lanes: bool = True) -> list[tuple[int, int, bool]]:
         """(bucket, rows, gather) of every step shape a batch of streams up to ``positions`` long can take: with the
-        torch kernels and ``shared_slots``, each shape once more for steps of lanes."""
-        gathers = (False, True) if self.shared_slots and self.layers.bucketed else (False,)
+        torch kernels and ``shared_slots``, each shape once more for steps of lanes (unless not ``lanes``)."""
+        gathers = (False, True) if lanes and self.shared_slots and self.layers.bucketed else (False,)
         if self.full_length:
             return [(self.max_positions, self.slots, gather) for gather in gathers]
         counts = sorted({min(self.slots, 1 << n) for n in range(self.slots.bit_length() + 1)})
@@ -618,8 +620,8 @@ class StaticDecoder:
             n = b + 1
         return [(bucket, rows, gather) for gather in gathers for rows in counts for bucket in buckets]
 
-    def _capture_all(self, positions: int) -> int:
-        for key in self.graph_keys(positions):
+    def _capture_all(self, positions: int, lanes: bool) -> int:
+        for key in self.graph_keys(positions, lanes):
             if key not in self._graphs:
                 self._capture(*key)
         return len(self._graphs)
