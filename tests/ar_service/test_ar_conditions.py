@@ -51,7 +51,8 @@ def full_states(model, ids: list[int]) -> torch.Tensor:
 
 def engine_with(tiny_ar, tiny_root, **serving):
     checkpoint = open_checkpoint(tiny_root)
-    return make_engine(tiny_ar, replace(checkpoint, serving=ServingDefaults(**serving)), FakeRenderer(), max_batch_size=2)
+    settings = {"grid_rule": "pixels_per_token", **serving}  # the tiny model's 16-pixel grid, as its own settings
+    return make_engine(tiny_ar, replace(checkpoint, serving=ServingDefaults(**settings)), FakeRenderer(), max_batch_size=2)
 
 
 # -- which generated rows become the image condition -----------------------------------------------------------------
