@@ -25,7 +25,12 @@ What one run does (``--stages``, default ``c1,lossless,fp8``), each stage agains
 - ``fp8``: the services again with dit_service in FP8 (``--quantization fp8``): the FP8 DiT alone and the combinations
   in ``FP8_MODES``, as ``c1`` measures them.
 
-Saturation is ``bench.saturation``'s (closed loops of many clients); ``--saturation`` puts its runs on this page.
+- ``saturation``: the services with ``bench.saturation``'s settings for many streams and dit_service in FP8, then for
+  each ``--saturation-points`` SIZE:STEPS:CLIENTS (default ``512:20:16``) a closed loop of sequential requests and one
+  of ``SATURATION_MODES`` (``bench.saturation.run_point``: warm-up, then a window of at most
+  ``--saturation-window-s``): one start for both, so each mode is measured against sequential decoding on the
+  same services. ``--saturation FILE`` puts other ``bench.saturation`` runs on the page too.
+
 Writes ``OUT/modes.json`` (every request) and ``OUT/MODES.md``.
 """
 
@@ -76,6 +81,12 @@ FP8_MODES: list[tuple[str, dict]] = [
     (FASTEST, {"ar_decoding": "row_parallel", "ar_decoding_window": 4, "dit_cache_threshold": 0.1}),
     ("FP8 DiT + row_parallel w2 + caching 0.1",
      {"ar_decoding": "row_parallel", "ar_decoding_window": 2, "dit_cache_threshold": 0.1}),
+]
+#: The saturation stage's rows: each point once per entry (dit_service in FP8 for both).
+SATURATION_MODES: list[tuple[str, dict]] = [
+    (SEQUENTIAL, {}),
+    ("row_parallel w4 + caching 0.1", {"ar_decoding": "row_parallel", "ar_decoding_window": 4,
+                                       "dit_cache_threshold": 0.1}),
 ]
 LOSSLESS_SEED = 1000
 SPECULATIVE_8 = {"ar_decoding": "speculative", "ar_decoding_window": 8}
@@ -222,6 +233,42 @@ def _print(answer: Answer) -> None:
     print(f"[modes] {answer.label:<44} {answer.size}/{answer.steps} seed {answer.seed} n {answer.n}: "
           + (answer.error or f"{answer.latency_s:.2f} s, AR {t.get('ar_decode_ms', 0) / 1e3:.2f} s in "
              f"{t.get('ar_forwards')} forwards, denoise {t.get('denoise_ms', 0) / 1e3:.2f} s"), flush=True)
+
+
+def run_saturation(args: argparse.Namespace, model_dir: Path) -> dict:
+    """The saturation stage: one start of the services for many streams, each point once per SATURATION_MODES."""
+    from bench import saturation as sat
+    from bench.services import GpuMemoryWatch, free_port
+
+    ar_metrics, dit_metrics = free_port(), free_port()
+    extra_ar = [*sat.SATURATION_AR_ARGS, *args.service_arg, "--metrics-port", str(ar_metrics)]
+    fp8 = ["--quantization", "fp8"] if args.device.startswith("cuda") else []  # FP8 needs Ada or Hopper
+    extra_dit = [*sat.SATURATION_DIT_ARGS, *args.service_arg, *fp8, "--metrics-port", str(dit_metrics)]
+    run: dict = {"label": "AR bf16, DiT FP8" if fp8 else args.device, "points": [],
+                 "service_args": {"ar_service": extra_ar, "dit_service": extra_dit}}
+    stack = ServiceStack(model_dir, args.out / "logs" / "saturation", device=args.device, random_weights=not args.tiny,
+                         request_timeout_s=args.timeout_s, extra_ar=extra_ar, extra_dit=extra_dit)
+    metrics = {"ar": f"http://127.0.0.1:{ar_metrics}/metrics", "dit": f"http://127.0.0.1:{dit_metrics}/metrics"}
+    watch = GpuMemoryWatch()
+    try:
+        run["startup_s"] = stack.start()
+        run["service_logs"] = {name: stack.log_lines(name, "ready", "fast decode", "decode kernels", "decode memory")
+                               for name in ("ar_service", "dit_service")}
+        seed = 50_000
+        for point in sat.parse_points(args.saturation_points):
+            for label, knobs in SATURATION_MODES:
+                options = argparse.Namespace(
+                    knob=list(knobs.items()), guidance=None, ramp_s=0.0, warmup_s=15.0, max_warmup_s=240.0,
+                    window_s=args.saturation_window_s, window_latencies=2.0, max_window_s=args.saturation_window_s,
+                    timeout_s=args.timeout_s)
+                measured = sat.run_point(options, stack, metrics, watch, point, seed)
+                measured["mode"] = label
+                seed += measured["requests_sent"]
+                run["points"].append(measured)
+    finally:
+        stack.stop()
+        watch.stop()
+    return run
 
 
 # -- the page ----------------------------------------------------------------------------------------------------------
@@ -389,7 +436,10 @@ def targets(rows: list[dict], saturation: list[dict]) -> list[list]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.modes", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help=f"directory for {RESULT_NAME}, {MARKDOWN_NAME} and the services' logs")
-    parser.add_argument("--stages", default="c1,lossless,fp8", help="comma-separated: c1, lossless, fp8")
+    parser.add_argument("--stages", default="c1,lossless,fp8",
+                        help="comma-separated: c1, lossless, fp8, saturation")
+    parser.add_argument("--saturation-points", default="512:20:16", help="SIZE:STEPS:CLIENTS,... of the saturation stage")
+    parser.add_argument("--saturation-window-s", type=float, default=45.0, help="longest measured window per point")
     parser.add_argument("--sizes", type=parse_points, default=parse_points("512:20,1024:50"), help="SIZE:STEPS,...")
     parser.add_argument("--reps", type=int, default=2, help="requests per mode and size at c1")
     parser.add_argument("--seed", type=int, default=0, help="first seed of the c1 requests")
@@ -418,9 +468,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--out is required")
     args.out.mkdir(parents=True, exist_ok=True)
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
-    unknown = set(stages) - {"c1", "lossless", "fp8"}
+    unknown = set(stages) - {"c1", "lossless", "fp8", "saturation"}
     if unknown:
-        raise SystemExit(f"unknown stages {sorted(unknown)}; known: c1, lossless, fp8")
+        raise SystemExit(f"unknown stages {sorted(unknown)}; known: c1, lossless, fp8, saturation")
     report: dict = {"command": "python -m bench.modes " + shlex.join(command),
                     "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "machine": machine_info(args.device),
                     "model": "tiny" if args.tiny else "preview-random", "sizes": args.sizes,
@@ -457,7 +507,11 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             stack.stop()
             path.write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / MARKDOWN_NAME).write_text(render(report, saturation))
+    if "saturation" in stages:
+        report["saturation"] = run_saturation(args, model_dir)
+        path.write_text(json.dumps(report, indent=2) + "\n")
+    runs = ([report["saturation"]] if report.get("saturation") else []) + saturation
+    (args.out / MARKDOWN_NAME).write_text(render(report, runs))
     print(f"[modes] wrote {path} and {args.out / MARKDOWN_NAME}", flush=True)
     return 0
 
