@@ -20,6 +20,7 @@ from ar_service.prompt import Grid, GridRule, grid_for_size
 from protos.knobs import FAMILIES
 from protos.status import RequestRejected
 from servicekit.checkpoint import SERVING_FILE, open_checkpoint
+from tests.ar_service.test_ar_batching import FakeRenderer
 
 # A square of any size, and sizes of other aspect ratios: (width, height) -> the grid (w, h) and the tokens decoded.
 RELEASED = [
@@ -155,25 +156,6 @@ def test_max_positions_follows_the_grid_rule(tiny_ar, tiny_root, tmp_path):
     assert needed < capped.max_positions() <= needed + 4
 
 
-class _Session:
-    def __init__(self, header, on_event):
-        self.header, self.on_event = header, on_event
-
-    def send_condition(self, kind, offset, hidden):
-        pass
-
-    def finish(self):
-        self.on_event(events.RenderDone(self.header.index, {}))
-
-    def cancel(self):
-        pass
-
-
-class _Renderer:
-    def open(self, header, on_event, timeout=None):
-        return _Session(header, on_event)
-
-
 def _timings(engine: AREngine, **request) -> dict:
     job = engine.submit(engine.plan(prompt="a red fox in the snow", seed=5, **request))
     deadline = time.monotonic() + 120
@@ -188,7 +170,7 @@ def _timings(engine: AREngine, **request) -> dict:
 
 def test_the_answers_timings_state_the_grid_once_per_request(tiny_ar, tiny_root, tmp_path):
     """Two images of 4x2 tokens: the tokens add up over the images, the grid is stated as it is."""
-    engine = AREngine(tiny_ar, open_checkpoint(tiny_root), FAMILIES["mammothmoda2"], _Renderer())
+    engine = AREngine(tiny_ar, open_checkpoint(tiny_root), FAMILIES["mammothmoda2"], FakeRenderer())
     try:
         timings = _timings(engine, width=64, height=32, n=2)
     finally:
@@ -199,7 +181,7 @@ def test_the_answers_timings_state_the_grid_once_per_request(tiny_ar, tiny_root,
 
 def test_the_engine_decodes_the_released_grid_in_a_cache_sized_by_the_rule(tiny_ar, tiny_root, tmp_path):
     checkpoint = checkpoint_with(tiny_root, tmp_path, {"max_side": 512})
-    engine = AREngine(tiny_ar, checkpoint, FAMILIES["mammothmoda2"], _Renderer(), fast_decode=True, max_batch_size=1,
+    engine = AREngine(tiny_ar, checkpoint, FAMILIES["mammothmoda2"], FakeRenderer(), fast_decode=True, max_batch_size=1,
                       max_prompt_tokens=32)
     try:
         assert engine.decoder.static.max_positions == engine.planner.max_positions()
