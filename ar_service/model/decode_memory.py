@@ -4,7 +4,8 @@ The fast decoder (``static_decode.StaticDecoder``) allocates its K/V cache up fr
 step graphs, whose intermediates come from one memory pool they share. Both grow with the slot count, so the engine
 sizes them against the device before allocating anything (``fit_batch``): the batch asked for when it fits, fewer
 images when they do not, a refusal when not even one image does. The arithmetic here is over plain numbers, so it
-runs (and is tested) without a GPU; ``cuda_memory`` reads the device's figures where there is one.
+runs (and is tested) without a GPU (it reads the triton attention kernel's split count from ``decode_kernels``, its
+owner); ``cuda_memory`` reads the device's figures where there is one.
 
 What one configuration needs, in bytes (``s``: the model dtype's bytes per element; ``P``: decode rows, two per
 image; ``B``: the longest attention length a step may take, the cache's ``max_positions``)::
@@ -25,7 +26,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
+
+from ar_service.model import decode_kernels
 
 #: Copies of one step's intermediates that start-up holds: the graphs' shared pool, and the eager warm-up runs
 #: before each capture (on a side stream, outside the pool, kept by the caching allocator).
@@ -33,9 +36,6 @@ WARM_UP_COPIES = 2
 #: Fixed memory beside the step's intermediates: cuBLAS and Triton workspaces, the graphs' kept outputs, the caching
 #: allocator's rounding, the activations of a prefill between two steps.
 WORKSPACE_MARGIN = 1 << 30
-#: Split-K partitions of the triton attention kernel (``decode_kernels.ATTENTION_SPLITS``, not imported: this module
-#: does not need triton or torch).
-ATTENTION_SPLITS = 32
 #: float32 buffers the size of a row's logits that the sampler (``sampling.sample_rows``) makes along the way:
 #: the float copy, scaled and masked scores, the sorted copy and its two masked versions, softmax, cumsum and its
 #: difference, the noise and its gathered copy, the noisy scores.
@@ -88,7 +88,7 @@ def step_workspace_bytes(
     - attention, torch kernels: the float32 scores, masked scores and softmax (3 heads * bucket * 4) and the
       probabilities in the model dtype (heads * bucket * s); with ``shared_slots`` the rows' K and V gathered over
       the bucket (2 kv_heads * bucket * D * s). Triton kernels: the split-K partial results in float32
-      (kv_heads * ATTENTION_SPLITS * (G D + 2 G) * 4, G the query group padded to 16 or more);
+      (kv_heads * decode_kernels.ATTENTION_SPLITS * (G D + 2 G) * 4, G the query group padded to 16 or more);
     - the MLP: the fused gate/up output (2 F s), SiLU(gate) and the product (2 F s);
     - the generation head's logits (V s) and the sampler's copies of them (SAMPLER_FLOAT_COPIES float32 copies,
       the int64 sort order, two boolean masks).
@@ -105,7 +105,7 @@ def step_workspace_bytes(
     projections = (q + 2 * kv) * s + 3 * (q + kv) * s
     if kernels == "triton":
         group = max(16, 1 << (heads // kv_heads - 1).bit_length())
-        attention = kv_heads * ATTENTION_SPLITS * (group * d + 2 * group) * 4
+        attention = kv_heads * decode_kernels.ATTENTION_SPLITS * (group * d + 2 * group) * 4
     else:
         attention = 3 * heads * bucket * 4 + heads * bucket * s
         if shared_slots:
@@ -117,21 +117,10 @@ def step_workspace_bytes(
     return rows * per_row + dequantized
 
 
-def decode_workspace_bytes(
-    config: DecodeShapes,
-    rows: int,
-    bucket: int,
-    *,
-    dtype_bytes: int,
-    shared_slots: bool = False,
-    kernels: str = "torch",
-    fp8: bool = False,
-) -> int:
+def decode_workspace_bytes(config: DecodeShapes, rows: int, bucket: int, **step: Any) -> int:
     """What the step graphs need beside the K/V cache: ``WARM_UP_COPIES`` steps' intermediates
-    (``step_workspace_bytes``) plus ``WORKSPACE_MARGIN``."""
-    step = step_workspace_bytes(config, rows, bucket, dtype_bytes=dtype_bytes, shared_slots=shared_slots,
-                                kernels=kernels, fp8=fp8)
-    return WARM_UP_COPIES * step + WORKSPACE_MARGIN
+    (``step_workspace_bytes``, which takes ``step``'s keywords) plus ``WORKSPACE_MARGIN``."""
+    return WARM_UP_COPIES * step_workspace_bytes(config, rows, bucket, **step) + WORKSPACE_MARGIN
 
 
 @dataclass(frozen=True)
