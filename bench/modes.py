@@ -53,7 +53,7 @@ import httpx
 
 from ar_service.decoding.modes import RowParallel
 from ar_service.prompt import Grid
-from bench.harness import PROMPT, machine_info
+from bench.harness import machine_info, request_body
 from bench.inprocess import parse_points
 from bench.markdown import fmt, table, verdict
 from bench.services import ServiceStack, make_model_dir
@@ -127,8 +127,7 @@ class Answer:
 def send(http: httpx.Client, label: str, size: int, steps: int, seed: int, knobs: dict, n: int = 1) -> Answer:
     """POSTs one generation (b64_json PNGs) and keeps what the report needs."""
     answer = Answer(label, size, steps, seed, n, dict(knobs))
-    body = {"prompt": PROMPT, "size": f"{size}x{size}", "n": n, "seed": seed, "num_inference_steps": steps,
-            "response_format": "b64_json", "output_format": "png", **knobs}
+    body = {**request_body(size, steps, seed, None, knobs), "n": n, "response_format": "b64_json", "output_format": "png"}
     start = time.perf_counter()
     try:
         response = http.post(GENERATIONS_PATH, json=body)
