@@ -108,7 +108,7 @@ def _parser(card: ModelCard | None, unreachable: str | None) -> tuple[argparse.A
     generate.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     if card is not None:
         knobs = generate.add_argument_group(
-            f"knobs of {card.id} ({card.family}), from the server's table",
+            f"knobs of {card.id} ({card.kind}), from the server's table",
             "Left out, a knob keeps the default shown (the server fills it in).",
         )
         for knob in card.knobs:
@@ -173,7 +173,7 @@ def _generate(args: argparse.Namespace, card: ModelCard, client: Any) -> int:
 
 def _models(cards: list[ModelCard]) -> int:
     for card in cards:
-        print(f"{card.id} ({card.family}): default size {card.default_size}, sides multiples of {card.size_multiple} "
+        print(f"{card.id} ({card.kind}): default size {card.default_size}, sides multiples of {card.size_multiple} "
               f"up to {card.max_side}, prompts up to {card.max_prompt_tokens} tokens")
         if card.grid_text():
             print(f"  visual-token grid: {card.grid_text()}")

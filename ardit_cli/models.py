@@ -53,6 +53,12 @@ class ModelCard:
     knobs: tuple[KnobSpec, ...]
     quality_steps: dict[str, int]
     grid: dict[str, Any] | None = None  # the server's grid rule: {"rule", and "tokens" or "pixels_per_token"}
+    member: str = ""  # the family's released member ("preview", "dev"); "" when the server does not say
+
+    @property
+    def kind(self) -> str:
+        """The family and its member, as ``ardit models`` prints them ("mammothmoda2 dev")."""
+        return f"{self.family} {self.member}" if self.member else self.family
 
     def grid_text(self) -> str:
         """The visual-token grid a size gets, in words ("" when the server does not say)."""
@@ -78,7 +84,7 @@ class ModelCard:
         )
         return cls(model["id"], details.get("family", ""), details.get("default_size", "auto"), details.get("max_side", 0),
                    details.get("size_multiple", 0), details.get("max_prompt_tokens", 0), knobs,
-                   dict(details.get("quality_steps", {})), details.get("grid"))
+                   dict(details.get("quality_steps", {})), details.get("grid"), details.get("member") or "")
 
     @classmethod
     def from_proto(cls, card: Any) -> ModelCard:
@@ -94,7 +100,7 @@ class ModelCard:
         grid = ({"rule": card.grid.rule, "tokens": card.grid.tokens, "pixels_per_token": card.grid.pixels_per_token}
                 if card.HasField("grid") else None)
         return cls(card.id, card.family, f"{card.default_width}x{card.default_height}", card.max_side, card.size_multiple,
-                   card.max_prompt_tokens, knobs, dict(card.quality_steps), grid)
+                   card.max_prompt_tokens, knobs, dict(card.quality_steps), grid, card.member)
 
 
 def _number(value: float) -> str:

@@ -166,7 +166,7 @@ class GridRule(_message.Message):
     def __init__(self, rule: _Optional[str] = ..., tokens: _Optional[int] = ..., pixels_per_token: _Optional[int] = ...) -> None: ...
 
 class ModelCard(_message.Message):
-    __slots__ = ("id", "family", "default_width", "default_height", "max_side", "size_multiple", "max_prompt_tokens", "knobs", "quality_steps", "max_upscale", "grid")
+    __slots__ = ("id", "family", "default_width", "default_height", "max_side", "size_multiple", "max_prompt_tokens", "knobs", "quality_steps", "max_upscale", "grid", "member")
     class QualityStepsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -185,6 +185,7 @@ class ModelCard(_message.Message):
     QUALITY_STEPS_FIELD_NUMBER: _ClassVar[int]
     MAX_UPSCALE_FIELD_NUMBER: _ClassVar[int]
     GRID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
     id: str
     family: str
     default_width: int
@@ -196,7 +197,8 @@ class ModelCard(_message.Message):
     quality_steps: _containers.ScalarMap[str, int]
     max_upscale: int
     grid: GridRule
-    def __init__(self, id: _Optional[str] = ..., family: _Optional[str] = ..., default_width: _Optional[int] = ..., default_height: _Optional[int] = ..., max_side: _Optional[int] = ..., size_multiple: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., knobs: _Optional[_Iterable[_Union[KnobSpec, _Mapping]]] = ..., quality_steps: _Optional[_Mapping[str, int]] = ..., max_upscale: _Optional[int] = ..., grid: _Optional[_Union[GridRule, _Mapping]] = ...) -> None: ...
+    member: str
+    def __init__(self, id: _Optional[str] = ..., family: _Optional[str] = ..., default_width: _Optional[int] = ..., default_height: _Optional[int] = ..., max_side: _Optional[int] = ..., size_multiple: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., knobs: _Optional[_Iterable[_Union[KnobSpec, _Mapping]]] = ..., quality_steps: _Optional[_Mapping[str, int]] = ..., max_upscale: _Optional[int] = ..., grid: _Optional[_Union[GridRule, _Mapping]] = ..., member: _Optional[str] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
     __slots__ = ("models",)

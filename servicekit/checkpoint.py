@@ -27,6 +27,15 @@ SERVING_FILE = "ardit_serving.json"
 SINGLE_WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 FAMILIES = ("mammothmoda2",)
+#: The released members of the mammothmoda2 family and what config.json says of each: the AR's ``llm_config.model_type``
+#: and whether the DiT holds the Q-Former image embedder (``gen_dit_config.is_image_embedder``). Preview: Qwen2.5-VL
+#: AR, Q-Former beside the DiT (bytedance/mammothmoda qwen25vl ``mammothmoda2/model/modeling_mammothmoda2.py``
+#: 139-142); Dev: Qwen3-VL AR, Q-Former inside the DiT (main ``mamoda2/mammothmoda2/model/modeling_mammothmoda2.py``
+#: 212-221; ../shared/reference/mammothmoda2-dev.md).
+MEMBERS: dict[str, tuple[str, bool]] = {
+    "preview": ("mammothmoda2_qwen2_5_vl", False),
+    "dev": ("mammothmoda2_qwen3_vl", True),
+}
 #: The parts of ``config.json`` that decide what a condition is: the AR that writes the hidden states (its whole
 #: ``llm_config``), which positions become the condition, and how the DiT reads it (its input projection's width and
 #: the optional refiner). Two checkpoints that differ here cannot exchange conditions.
@@ -66,7 +75,7 @@ RELEASED_NEGATIVE_PROMPT = (
 #: Accepted values of the behaviour settings below; the first of each is the default.
 SETTING_CHOICES = {
     "grid_rule": ("token_budget", "pixels_per_token"),
-    "condition_scope": ("all_generated", "answer_window"),
+    "condition_scope": ("all_generated", "answer_window", "prompt_tail"),
     "visual_token_scope": ("exclusive_end", "start_plus_end"),
     "cfg_range_policy": ("per_step", "off_after_first_exit"),
 }
@@ -97,7 +106,10 @@ class ServingDefaults:
       released README's text by default; "" makes it the empty condition (vllm-omni).
     - condition_scope: which generated rows become the DiT's image condition. ``all_generated`` (default for the
       mammothmoda2 family: vllm-omni and the later Dev release keep every row, and Preview's 128-query Q-Former
-      refiner exists to compress a long condition); ``answer_window``: the released Preview code's ~10 rows.
+      refiner exists to compress a long condition); ``answer_window``: the released Preview code's ~10 rows;
+      ``prompt_tail`` (the Dev member's default): the released Dev code, split 10 positions before the prompt's end,
+      every generation id from there on (the header's ``<|image start|>`` and ``<|image token|>``, the grid,
+      ``<|image end|>``) is the image condition and only the question before the split is text condition.
     - visual_token_scope: ``exclusive_end`` samples visual ids in [start, end) (vllm-omni; the unmerged upstream fix);
       ``start_plus_end``: the released code's [start, start + end), i.e. up to the end of the vocabulary.
     - cfg_range_policy: ``per_step`` decides DiT guidance at each step (vllm-omni; the unmerged upstream fix);
@@ -142,6 +154,31 @@ class ServingDefaults:
             raise ValueError(f"pixels_per_token must be at least 1; got {self.pixels_per_token}")
 
 
+#: What a member serves with where ``ardit_serving.json`` does not say, over ``ServingDefaults``' own defaults (Preview's).
+#: Dev: the released code's 16x16 grid (``generate_t2i``'s ar_height = ar_width = 16, main
+#: ``mamoda2/mammothmoda2/model/modeling_mammothmoda2.py`` 286-287) and its condition split (``prompt_tail``,
+#: ``mamoda2/mammothmoda2/utils/t2i_utils.py`` 310-314).
+MEMBER_SERVING_DEFAULTS: dict[str, dict[str, Any]] = {
+    "preview": {},
+    "dev": {"grid_tokens": 256, "condition_scope": "prompt_tail"},
+}
+
+
+def member_of(config: dict[str, Any]) -> str:
+    """Which released member a root ``config.json`` describes (``MEMBERS``), from the fields that tell them apart; a
+    layout of neither (an unknown AR, or one member's AR beside the other's DiT) is refused naming those fields."""
+    llm = config.get("llm_config") if isinstance(config.get("llm_config"), dict) else {}
+    dit = config.get("gen_dit_config") if isinstance(config.get("gen_dit_config"), dict) else {}
+    llm_type, embedder = llm.get("model_type"), bool(dit.get("is_image_embedder", False))
+    for member, (member_llm, member_embedder) in MEMBERS.items():
+        if llm_type == member_llm and embedder == member_embedder:
+            return member
+    known = "; ".join(f"{m}: llm_config.model_type {t!r} with gen_dit_config.is_image_embedder {str(e).lower()}"
+                      for m, (t, e) in MEMBERS.items())
+    raise ValueError(f"config.json has llm_config.model_type {llm_type!r} and gen_dit_config.is_image_embedder "
+                     f"{str(embedder).lower()}: a layout of no known mammothmoda2 member ({known})")
+
+
 @dataclass(frozen=True)
 class PipelineCheckpoint:
     root: Path
@@ -152,6 +189,11 @@ class PipelineCheckpoint:
     @property
     def family(self) -> str:
         return self.config["model_type"]
+
+    @property
+    def member(self) -> str:
+        """The released member of the family (``MEMBERS``): "preview" or "dev"."""
+        return member_of(self.config)
 
     @property
     def name(self) -> str:
@@ -207,15 +249,22 @@ def open_checkpoint(root: Path | str, require_weights: bool = True) -> PipelineC
     config = json.loads(config_path.read_text())
     if config.get("model_type") not in FAMILIES:
         raise ValueError(f"{config_path}: model_type {config.get('model_type')!r} is not served; known: {', '.join(FAMILIES)}")
+    try:
+        member = member_of(config)
+    except ValueError as exc:
+        raise ValueError(f"{config_path}: {exc}") from None
     has_weights = (root / WEIGHTS_INDEX).is_file() or (root / SINGLE_WEIGHTS).is_file()
     weight_map = _weight_map(root) if require_weights or has_weights else {}
-    return PipelineCheckpoint(root=root, config=config, serving=_read_serving(root), weight_map=weight_map)
+    serving = _read_serving(root, MEMBER_SERVING_DEFAULTS[member])
+    return PipelineCheckpoint(root=root, config=config, serving=serving, weight_map=weight_map)
 
 
-def _read_serving(root: Path) -> ServingDefaults:
+def _read_serving(root: Path, member_defaults: dict[str, Any] | None = None) -> ServingDefaults:
+    """``ardit_serving.json`` over the member's defaults over ``ServingDefaults``'."""
+    member_defaults = member_defaults or {}
     path = root / SERVING_FILE
     if not path.is_file():
-        return ServingDefaults()
+        return ServingDefaults(**member_defaults)
     data = json.loads(path.read_text())
     known = {f.name for f in fields(ServingDefaults)}
     unknown = set(data) - known
@@ -227,7 +276,7 @@ def _read_serving(root: Path) -> ServingDefaults:
         names = {int: "an integer", str: "a string", dict: "an object"}
         raise ValueError(f"{path}: {', '.join(f'{k} must be {names[kinds[k]]}' for k in sorted(wrong))}")
     try:
-        return ServingDefaults(**data)
+        return ServingDefaults(**{**member_defaults, **data})
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from exc
 

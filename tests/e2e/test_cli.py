@@ -91,7 +91,7 @@ def test_help_lists_every_knob_of_the_servers_table(stack, tmp_path):
         done = ardit("generate", "--help", *transport, cwd=tmp_path)
         assert done.returncode == 0, done.stderr
         text = " ".join(done.stdout.split())  # argparse wraps lines
-        assert "knobs of tiny (mammothmoda2), from the server's table" in text
+        assert "knobs of tiny (mammothmoda2 preview), from the server's table" in text
         for knob in knobs:
             assert option(knob["name"]) in text and knob["description"].split(";")[0] in text, knob
         assert "--num-inference-steps N Denoising steps (overrides the quality preset). [default 50; >= 1 and <= 200]" in text

@@ -17,7 +17,7 @@ from servicekit.checkpoint import (
 
 @pytest.fixture
 def root(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mammothmoda2"}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mammothmoda2", "llm_config": {"model_type": "mammothmoda2_qwen2_5_vl"}}))
     return tmp_path
 
 
@@ -46,7 +46,7 @@ def test_the_released_behaviour_is_a_setting_away(root):
 
 
 @pytest.mark.parametrize(("data", "message"), [
-    ({"condition_scope": "some"}, "condition_scope must be one of all_generated, answer_window; got 'some'"),
+    ({"condition_scope": "some"}, "condition_scope must be one of all_generated, answer_window, prompt_tail; got 'some'"),
     ({"cfg_range_policy": "latched"}, "cfg_range_policy must be one of per_step, off_after_first_exit"),
     ({"default_negative_prompt": None}, "default_negative_prompt must be a string"),
     ({"pixels_per_token": "16"}, "pixels_per_token must be an integer"),
