@@ -19,11 +19,20 @@ from ar_service.prompt import Grid, build_negative_prompt, build_t2i_prompt
 #: (qwen25vl ``mammothmoda2/utils/t2i_utils.py`` lines 293-305): the sequence prompt + grid + ``<|image end|>``
 #: is split at ``len - 10``; generation-vocabulary ids after the split are the image condition (about 10 rows),
 #: and only positions before it may be text condition.
+#: ``prompt_tail``: the released Dev code (bytedance/mammothmoda main ``mamoda2/mammothmoda2/utils/t2i_utils.py``
+#: 310-314 and 111-137): the split lies 10 positions before the prompt's end (``prompt_ids.shape[1] - 10``); every
+#: generation-vocabulary id from there on is the image condition: the prompt's ``<|image start|>`` and
+#: ``<|image token|>``, the whole grid and ``<|image end|>``; only the question before the split is text condition
+#: (all text positions when the checkpoint sets ``gen_text_condition_with_answer``).
 ALL_GENERATED = "all_generated"
 ANSWER_WINDOW = "answer_window"
-CONDITION_SCOPES = (ALL_GENERATED, ANSWER_WINDOW)
-#: The released Preview answer window: the last 10 positions of prompt + grid + ``<|image end|>``.
+PROMPT_TAIL = "prompt_tail"
+CONDITION_SCOPES = (ALL_GENERATED, ANSWER_WINDOW, PROMPT_TAIL)
+#: The released answer windows: Preview's last 10 positions of prompt + grid + ``<|image end|>``; Dev's split 10
+#: positions before the prompt's end.
 ANSWER_WINDOW_POSITIONS = 10
+#: The scopes that feed ``<|image end|>`` after the grid and take its hidden state into the image condition.
+FEEDS_IMAGE_END = (ANSWER_WINDOW, PROMPT_TAIL)
 
 
 class ConditionLengthError(RuntimeError):
@@ -76,13 +85,28 @@ def text_condition_mask(prompt_ids: list[int], config: ARConfig, question_end: i
     return mask
 
 
-def question_end(prompt_len: int, grid: Grid, scope: str) -> int | None:
+def question_end(prompt_len: int, grid: Grid, scope: str, with_answer: bool = False) -> int | None:
     """Where the question (the positions that may be text condition) ends: nowhere inside the prompt for
     ``all_generated``; for ``answer_window`` at ``len(prompt + grid + <|image end|>) - 10``, which cuts into the
-    prompt only for grids of fewer than 9 positions."""
-    if scope == ALL_GENERATED:
+    prompt only for grids of fewer than 9 positions; for ``prompt_tail`` 10 positions before the prompt's end, or
+    nowhere when ``with_answer`` (the checkpoint's ``gen_text_condition_with_answer``, t2i_utils.py 118-121)."""
+    if scope == ALL_GENERATED or (scope == PROMPT_TAIL and with_answer):
         return None
+    if scope == PROMPT_TAIL:
+        return max(0, prompt_len - ANSWER_WINDOW_POSITIONS)
     return min(prompt_len, prompt_len + grid.condition_positions + 1 - ANSWER_WINDOW_POSITIONS)
+
+
+def prompt_tail_rows(prompt_ids: list[int], config: ARConfig) -> list[int]:
+    """Under ``prompt_tail``: the prompt positions that lead the image condition, i.e. its generation-vocabulary ids
+    in the last 10 (``<|image start|>`` and ``<|image token|>`` in the T2I envelope)."""
+    start = max(0, len(prompt_ids) - ANSWER_WINDOW_POSITIONS)
+    return [i for i in range(start, len(prompt_ids)) if prompt_ids[i] >= config.gen_vocab_start_index]
+
+
+def grid_condition_offset(prompt_ids: list[int], scope: str, config: ARConfig) -> int:
+    """Row of the image condition where the grid's first row goes (rows before it come from the prompt)."""
+    return len(prompt_tail_rows(prompt_ids, config)) if scope == PROMPT_TAIL else 0
 
 
 def image_condition_positions(prompt_ids: list[int], grid: Grid, scope: str, config: ARConfig) -> int:
@@ -90,6 +114,8 @@ def image_condition_positions(prompt_ids: list[int], grid: Grid, scope: str, con
     grid position and ``<|image end|>`` are generation-vocabulary ids)."""
     if scope == ALL_GENERATED:
         return grid.condition_positions
+    if scope == PROMPT_TAIL:
+        return len(prompt_tail_rows(prompt_ids, config)) + grid.condition_positions + 1
     if scope != ANSWER_WINDOW:
         raise ValueError(f"condition scope must be one of {', '.join(CONDITION_SCOPES)}; got {scope!r}")
     generated = grid.condition_positions + 1  # the grid and <|image end|>

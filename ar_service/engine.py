@@ -30,7 +30,7 @@ import grpc
 import torch
 
 from ar_service import events
-from ar_service.conditions import ALL_GENERATED, ConditionLengthError, prompt_ids_for
+from ar_service.conditions import ANSWER_WINDOW, PROMPT_TAIL, ConditionLengthError, grid_condition_offset, prompt_ids_for
 from ar_service.decoding import SEQUENTIAL, Decoding
 from ar_service.decoding.decoders import ROWS_PER_IMAGE, EagerDecoder, SlotDecoder
 from ar_service.decoding.stream import DecodeStream
@@ -652,13 +652,15 @@ class AREngine:
                 guidance=plan.guidance,
                 condition_scope=self.choices.condition_scope,
                 image_end_id=self.choices.image_end_id,
-                on_window=None if session is None else (lambda hidden: session.send_condition("image", 0, hidden)),
+                on_window=None if session is None else self._window_handler(job, session),
                 memo=self.memo,
                 decoding=plan.decoding,
             )
         job.add_timings(ar_prefill_ms=stream.prefill_ms)
         if session is not None:
             session.send_condition("text", 0, stream.text_condition)
+            if stream.lead_condition.shape[0]:  # prompt_tail: the image condition's rows from the prompt
+                session.send_condition("image", 0, stream.lead_condition)
         self.decoder.admit(stream)
         decode_span = tracing.start_span("ar.decode", job.trace, image_index=index, grid_rows=plan.grid.height)
         return _Slot(job, index, seed, stream, session, time.perf_counter(), decode_span)
@@ -723,13 +725,25 @@ class AREngine:
             self.metrics.completed.inc()
             job.decoding_finished()
 
+    def _window_handler(self, job: Job, session: RenderSession):
+        """Sends what the fed ``<|image end|>`` completes: the answer window (at 0), or prompt_tail's last row."""
+        offset = 0
+        if self.choices.condition_scope == PROMPT_TAIL:
+            offset = job.plan.image_positions - 1
+
+        def on_window(hidden: torch.Tensor) -> None:
+            session.send_condition("image", offset, hidden)
+
+        return on_window
+
     def _row_handler(self, job: Job, index: int, seed: int, session: RenderSession | None):
         grid = job.plan.grid
+        lead = grid_condition_offset(job.plan.prompt_ids, self.choices.condition_scope, self.loaded.config)
 
         def on_row(row: int, hidden: torch.Tensor, token_ids: torch.Tensor) -> None:
             if session is not None:
-                if self.choices.condition_scope == ALL_GENERATED:  # the answer window goes at the end (on_window)
-                    session.send_condition("image", grid.row_start(row), hidden)
+                if self.choices.condition_scope != ANSWER_WINDOW:  # the answer window goes at the end (on_window)
+                    session.send_condition("image", lead + grid.row_start(row), hidden)
             else:
                 ids = [int(t) for t in token_ids[: grid.width]]
                 job.events.put(events.TokenRow(index, seed, grid.width, grid.height, row, ids))

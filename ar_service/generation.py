@@ -29,7 +29,7 @@ class GenerationCancelled(Exception):
 class GridResult:
     token_ids: list[int]  # all grid.decode_tokens ids, look-ahead included
     text_condition: torch.Tensor  # [Lt, H]
-    image_condition: torch.Tensor  # [grid.condition_positions, H]
+    image_condition: torch.Tensor  # [image_condition_positions, H] (conditions.py)
     prefill_ms: float
     decode_ms: float
     forwards: int = 0  # decode forwards (steps) the grid took
@@ -89,6 +89,8 @@ def generate_grid(
     decode_ms = (time.perf_counter() - start) * 1000
     if stream.image_condition is not None:
         image = stream.image_condition
-    else:
-        image = torch.cat(rows, dim=0) if rows else torch.empty(0, model.config.hidden_size, dtype=model.dtype)
+    else:  # the grid's rows, after the prompt's lead rows and before <|image end|>'s under prompt_tail
+        tail = [] if stream.image_end_condition is None else [stream.image_end_condition]
+        parts = [stream.lead_condition.to(model.dtype), *rows, *tail]
+        image = torch.cat(parts, dim=0) if parts else torch.empty(0, model.config.hidden_size, dtype=model.dtype)
     return GridResult(stream.tokens, stream.text_condition, image, stream.prefill_ms, decode_ms, stream.forwards)

@@ -128,6 +128,7 @@ class RequestPlanner:
         return {
             "id": self.model_id,
             "family": self.checkpoint.family,
+            "member": self.checkpoint.member,
             "default_width": self.serving.default_width,
             "default_height": self.serving.default_height,
             "max_side": self.serving.max_side,
@@ -210,7 +211,7 @@ class RequestPlanner:
                 param="size",
             )
         config, scope = self.loaded.config, self.choices.condition_scope
-        end = question_end(len(prompt_ids), grid, scope)
+        end = question_end(len(prompt_ids), grid, scope, config.text_condition_with_answer)
         text_positions = int(text_condition_mask(prompt_ids, config, end).sum())
         decoding = self._decoding(ar_knobs, ar_given)
         return ImagePlan(

@@ -1,7 +1,8 @@
 """The three services as subprocesses on loopback, for the benchmarks: model directory, start, health, stop.
 
 Shared by ``bench.harness`` (the sweep) and ``bench.preview_e2e`` (one request). The Preview-shaped model is a
-skeleton directory (configs and tokenizer, no tensors) written by ``tools.make_tiny --preview``; the model
+skeleton directory (configs and tokenizer, no tensors) written by ``tools.make_tiny --preview`` (the Dev-shaped one by
+``--dev-skeleton``); the model
 services then build bf16 random weights straight on the device (``--random-weights``). ``tiny=True`` uses the
 tiny model with its own weights instead.
 """
@@ -33,10 +34,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def make_model_dir(workdir: Path, tiny: bool) -> Path:
-    """Writes (or rewrites, deterministically) the model directory the services load; returns its path."""
-    model_dir = Path(workdir) / ("tiny" if tiny else "preview-random")
-    command = [sys.executable, "-m", "tools.make_tiny", str(model_dir)] + ([] if tiny else ["--preview"])
+#: ``tools.make_tiny``'s flag for each member: the random-weight skeleton, or with ``tiny`` the tiny model.
+SKELETON_FLAGS = {"preview": ["--preview"], "dev": ["--dev-skeleton"]}
+TINY_FLAGS = {"preview": [], "dev": ["--dev"]}
+
+
+def make_model_dir(workdir: Path, tiny: bool, member: str = "preview") -> Path:
+    """Writes (or rewrites, deterministically) the model directory the services load; returns its path: the
+    ``member``'s skeleton (configs and tokenizer; the services build random weights), or its tiny model."""
+    model_dir = Path(workdir) / (("tiny" if tiny else "random") + ("" if member == "preview" else f"-{member}"))
+    if not tiny and member == "preview":
+        model_dir = Path(workdir) / "preview-random"
+    flags = (TINY_FLAGS if tiny else SKELETON_FLAGS)[member]
+    command = [sys.executable, "-m", "tools.make_tiny", str(model_dir), *flags]
     subprocess.run(command, check=True, cwd=ROOT)
     return model_dir
 

@@ -167,8 +167,9 @@ MEMBER_SERVING_DEFAULTS: dict[str, dict[str, Any]] = {
 def member_of(config: dict[str, Any]) -> str:
     """Which released member a root ``config.json`` describes (``MEMBERS``), from the fields that tell them apart; a
     layout of neither (an unknown AR, or one member's AR beside the other's DiT) is refused naming those fields."""
-    llm = config.get("llm_config") if isinstance(config.get("llm_config"), dict) else {}
-    dit = config.get("gen_dit_config") if isinstance(config.get("gen_dit_config"), dict) else {}
+    llm, dit = config.get("llm_config"), config.get("gen_dit_config")
+    llm = llm if isinstance(llm, dict) else {}
+    dit = dit if isinstance(dit, dict) else {}
     llm_type, embedder = llm.get("model_type"), bool(dit.get("is_image_embedder", False))
     for member, (member_llm, member_embedder) in MEMBERS.items():
         if llm_type == member_llm and embedder == member_embedder:

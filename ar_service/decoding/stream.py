@@ -3,8 +3,8 @@ with AR guidance its unconditional row.
 
 Each generated token's hidden state appears when it is fed back in, so a row's hidden states are complete
 right after its EOL is fed: that is when `on_row` streams the row. The final (look-ahead) token is never fed,
-except under the released Preview condition scope (``ANSWER_WINDOW``), where it is ``<|image end|>`` and is fed
-for its hidden state.
+except under the released condition scopes (``FEEDS_IMAGE_END``: Preview's answer window, Dev's prompt tail), where
+it is ``<|image end|>`` and is fed for its hidden state.
 
 AR classifier-free guidance (released MammothModa2 ``mammothmoda2/model/modeling_mammothmoda2.py``
 ``generate_t2i``, qwen25vl branch, lines 254-262 and 305-306): a guided image decodes a second, unconditional row
@@ -25,8 +25,11 @@ from ar_service.conditions import (
     ANSWER_WINDOW,
     ANSWER_WINDOW_POSITIONS,
     CONDITION_SCOPES,
+    FEEDS_IMAGE_END,
+    PROMPT_TAIL,
     ConditionLengthError,
     check_image_condition,
+    prompt_tail_rows,
     question_end,
 )
 from ar_service.decoding.modes import Decoding, Forwarded, Lane
@@ -78,7 +81,9 @@ class DecodeStream:
     batches those of many streams), whose hidden state and drawn token it takes in ``accept()``.
     Rows go to ``on_row(row, hidden [W+1, H] on the CPU, token ids)`` as soon as their EOL is fed. Under the
     ``answer_window`` scope the look-ahead token is ``<|image end|>`` and is fed too; then ``on_window(hidden)``
-    gets the image condition ([n, H] on the CPU, n = ``image_condition_positions``).
+    gets the image condition ([n, H] on the CPU, n = ``image_condition_positions``). Under ``prompt_tail`` the image
+    condition is ``lead_condition`` (the prompt tail's generation ids, known at prefill), the rows, and the fed
+    ``<|image end|>``'s state, which ``on_window`` gets alone ([1, H]).
     """
 
     def __init__(
@@ -112,26 +117,32 @@ class DecodeStream:
             )
         if condition_scope not in CONDITION_SCOPES:
             raise ValueError(f"condition_scope must be one of {', '.join(CONDITION_SCOPES)}; got {condition_scope!r}")
-        if condition_scope == ANSWER_WINDOW and image_end_id is None:
-            raise ValueError("the answer_window condition scope needs the <|image end|> id")
+        if condition_scope in FEEDS_IMAGE_END and image_end_id is None:
+            raise ValueError(f"the {condition_scope} condition scope needs the <|image end|> id")
         self.model, self.grid, self.t2i, self.sampling, self.on_row = model, grid, t2i, sampling, on_row
         self.seed, self.guidance = seed, float(guidance)
-        self.feeds_last = condition_scope == ANSWER_WINDOW
+        self.feeds_last = condition_scope in FEEDS_IMAGE_END
+        self.windowed = condition_scope == ANSWER_WINDOW
         self.image_end_id, self.on_window = image_end_id, on_window
         self.prompt_len = len(prompt_ids)
         self.tokens: list[int] = []
         self.image_condition: torch.Tensor | None = None  # the answer window, once complete
+        self.image_end_condition: torch.Tensor | None = None  # prompt_tail's <|image end|> row, once fed
         self._complete = False
         start = time.perf_counter()
         logits, hidden, self.cache = prefill_prompt(
             model, prompt_ids, KVCache(capacity=total if reserve else len(prompt_ids)), prefix_ids, prefix
         )
-        self.text_condition = text_condition_of(model, prompt_ids, hidden, question_end(len(prompt_ids), grid, condition_scope))
+        end = question_end(len(prompt_ids), grid, condition_scope, model.config.text_condition_with_answer)
+        self.text_condition = text_condition_of(model, prompt_ids, hidden, end)
         # (id, condition state) of the last positions: the answer window's candidates, prompt positions first.
         self._recent: deque[tuple[int, torch.Tensor]] = deque(
             zip(prompt_ids[-ANSWER_WINDOW_POSITIONS:], hidden[-ANSWER_WINDOW_POSITIONS:], strict=True)
-            if self.feeds_last else (), maxlen=ANSWER_WINDOW_POSITIONS,
+            if self.windowed else (), maxlen=ANSWER_WINDOW_POSITIONS,
         )
+        # The image condition's rows that come from the prompt (prompt_tail), in order; [0, H] otherwise.
+        lead = prompt_tail_rows(prompt_ids, model.config) if condition_scope == PROMPT_TAIL else []
+        self.lead_condition = hidden[lead].to("cpu")
         self.uncond = UnconditionalRow(model, prompt_ids, grid, reserve, memo) if self.guidance > 1 else None
         lo, hi = self.draw[0]
         if self.uncond is None:
@@ -233,15 +244,18 @@ class DecodeStream:
         """Takes this stream's row of a decode forward: the fed token's hidden state [H] and the token it drew."""
         self.next_token = next_token
         i = len(self.tokens) - 1
-        if self.feeds_last:
+        if self.windowed:
             self._recent.append((self.tokens[-1], hidden))
-        if i == self.grid.condition_positions:  # <|image end|> was fed: the answer window is complete
+        if i == self.grid.condition_positions:  # <|image end|> was fed: the image condition is complete
             start = self.model.config.gen_vocab_start_index
-            window = [h for token, h in self._recent if token >= start]
-            self.image_condition = torch.stack(window).to("cpu")
+            if self.windowed:
+                window = [h for token, h in self._recent if token >= start]
+                self.image_condition = last = torch.stack(window).to("cpu")
+            else:  # prompt_tail: the <|image end|> row, after the lead and the grid rows
+                self.image_end_condition = last = hidden[None].to("cpu")
             self._finish()
             if self.on_window is not None:
-                self.on_window(self.image_condition)
+                self.on_window(last)
             return
         self._row[i % self.row_len] = hidden
         if (i + 1) % self.row_len == 0:

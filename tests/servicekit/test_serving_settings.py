@@ -17,7 +17,8 @@ from servicekit.checkpoint import (
 
 @pytest.fixture
 def root(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mammothmoda2", "llm_config": {"model_type": "mammothmoda2_qwen2_5_vl"}}))
+    config = {"model_type": "mammothmoda2", "llm_config": {"model_type": "mammothmoda2_qwen2_5_vl"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
     return tmp_path
 
 
