@@ -8,6 +8,9 @@ states row by row instead; both must give the same tensors (up to float reorderi
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
 
@@ -15,9 +18,11 @@ from ar_service.conditions import PROMPT_TAIL, image_condition_positions, prompt
 from ar_service.generation import generate_grid
 from ar_service.model.loading import load_ar
 from ar_service.model.tokenizer import IMAGE_END_TOKEN
+from ar_service.planning import RequestPlanner
 from ar_service.prompt import Grid
 from ar_service.sampling import SamplingParams
-from servicekit.checkpoint import open_checkpoint
+from protos.knobs import FAMILIES
+from servicekit.checkpoint import SERVING_FILE, open_checkpoint
 from tools.make_tiny import make_tiny_dev
 
 SPLIT = 10  # t2i_utils.py 310: answer_start_index = prompt_ids.shape[1] - 10
@@ -76,3 +81,21 @@ def test_streamed_condition_equals_the_released_re_encode(dev, guidance) -> None
     assert result.text_condition.shape == text.shape
     assert text.shape[0] < sum(1 for t in prompt_ids if t < model.config.gen_vocab_start_index)
     torch.testing.assert_close(result.text_condition, text, rtol=1e-4, atol=1e-4)
+
+
+def test_dev_plans_its_released_16x16_grid_and_split(dev_root, dev, tmp_path) -> None:
+    """Without grid settings of its own a Dev directory decodes the released 16x16 grid for every square, with the
+    header the AR continues from and the condition rows of the released split."""
+    root = tmp_path / "dev"
+    shutil.copytree(dev_root, root)
+    (root / SERVING_FILE).write_text(json.dumps({"default_negative_prompt": ""}))
+    checkpoint = open_checkpoint(root)
+    planner = RequestPlanner(dev, checkpoint, FAMILIES[checkpoint.family], lambda decoding: True)
+    for side in (512, 1024):
+        plan = planner.plan(prompt="a red circle", width=side, height=side)
+        assert plan.grid == Grid(16, 16)
+        text = dev.tokenizer.decode(plan.prompt_ids)
+        assert text.endswith("<|im_start|>assistant\n<|image start|>16*16<|image token|>")
+        assert plan.image_positions == 2 + 16 * 17 + 1
+        prompt_text = sum(1 for t in plan.prompt_ids if t < dev.config.gen_vocab_start_index)
+        assert plan.text_positions == prompt_text - 8  # the split's 8 text ids: "<|im_start|>assistant\n16*16"
