@@ -5,6 +5,12 @@ The AR's tensors are the checkpoint's ``llm_model.*`` (bytedance/mammothmoda ``m
 the same names). Every one of them must be a parameter of ``MammothModa2AR`` or lie under the vision tower
 (``llm_model.model.visual.``), which text-to-image never runs and which is therefore neither allocated nor read;
 every parameter must be present. Anything else fails the load, naming the keys.
+
+The Dev member's checkpoint also holds ``gen_tokenizer.*`` beside ``llm_model`` (MammothTok, bytedance/mammothmoda
+main ``mamoda2/mammothmoda2/model/modeling_mammothmoda2.py:125``): it turns an input image into prompt tokens for
+editing and plays no part in text-to-image; the AR loader neither builds nor reads it, and says so, listing how many
+tensors it leaves (``SKIPPED_ROOT_PREFIXES``). Dev's vision tower (DeepStack mergers included) lies under
+``llm_model.model.visual.`` like Preview's.
 """
 
 from __future__ import annotations
@@ -28,6 +34,9 @@ log = logging.getLogger(__name__)
 LLM_PREFIX = "llm_model."
 # Keys under llm_model. that exist in the checkpoint but that the AR stage deliberately does not build.
 SKIPPED_PREFIXES = ("model.visual.",)
+# Checkpoint keys outside llm_model. that belong to the AR side but are deliberately not built, per member: Dev's
+# MammothTok image tokenizer (editing only).
+SKIPPED_ROOT_PREFIXES: dict[str, tuple[str, ...]] = {"preview": (), "dev": ("gen_tokenizer.",)}
 # What the AR reads (relative to llm_model.): the decoder and both heads.
 AR_PREFIXES = ("model.language_model.", "lm_head.", "gen_head.")
 
@@ -113,6 +122,9 @@ def load_ar_weights(checkpoint: PipelineCheckpoint, config: ARConfig, device, dt
         )
     if skipped:
         log.info("not loading %d vision-tower tensors under %smodel.visual. (not used for text-to-image)", len(skipped), LLM_PREFIX)
+    for prefix, names in skipped_root_tensors(checkpoint, config).items():
+        log.info("not loading %d tensors under %s (the %s member's MammothTok image tokenizer: editing only, not used "
+                 "for text-to-image)", len(names), prefix, config.member)
     # Read only what the AR uses: the language model and both heads, not the vision tower.
     tensors: dict[str, torch.Tensor] = {}
     for sub in AR_PREFIXES:
@@ -128,6 +140,12 @@ def load_ar_weights(checkpoint: PipelineCheckpoint, config: ARConfig, device, dt
     model.load_state_dict(tensors, strict=True, assign=True)
     model.model.language_model.reset_rope(torch.device(device))
     return model.eval()
+
+
+def skipped_root_tensors(checkpoint: PipelineCheckpoint, config: ARConfig) -> dict[str, list[str]]:
+    """The checkpoint's tensors under the member's ``SKIPPED_ROOT_PREFIXES`` (full names), by prefix."""
+    found = {prefix: checkpoint.tensor_names(prefix) for prefix in SKIPPED_ROOT_PREFIXES[config.member]}
+    return {prefix: names for prefix, names in found.items() if names}
 
 
 def load_tokenizer(root: Path) -> PreTrainedTokenizerFast:
@@ -177,11 +195,16 @@ def load_ar(
 def _check_ids(root: Path, config: ARConfig, t2i: T2IGenerationConfig, tokenizer: PreTrainedTokenizerFast) -> None:
     if len(tokenizer) > config.total_vocab_size:
         raise ValueError(f"tokenizer in {root} has {len(tokenizer)} ids; the model has {config.total_vocab_size}")
-    start, total = config.gen_vocab_start_index, config.total_vocab_size
-    if not start <= t2i.eol_token_id < total:
-        raise ValueError(f"{T2I_CONFIG_NAME} in {root}: eol_token_id lies outside the generation vocabulary")
-    if not (start <= t2i.visual_token_start_id and t2i.visual_token_end_id <= total):
-        raise ValueError(f"{T2I_CONFIG_NAME} in {root}: visual tokens lie outside the generation vocabulary")
+    # Ids the decode emits must be gen_head columns (logit index == id, from gen_logit_start) and generation tokens
+    # with an embedding row (from gen_vocab_start_index): config.gen_id_range, the whole generation vocabulary
+    # unless the two starts differ.
+    ids = config.gen_id_range
+    if t2i.eol_token_id not in ids:
+        raise ValueError(f"{T2I_CONFIG_NAME} in {root}: eol_token_id lies outside the generation vocabulary "
+                         f"[{ids.start}, {ids.stop})")
+    if not (ids.start <= t2i.visual_token_start_id and t2i.visual_token_end_id <= ids.stop):
+        raise ValueError(f"{T2I_CONFIG_NAME} in {root}: visual tokens lie outside the generation vocabulary "
+                         f"[{ids.start}, {ids.stop})")
     for token in ("<|image start|>", "<|image token|>", "<|im_start|>", "<|im_end|>"):
         if tokenizer.convert_tokens_to_ids(token) in (None, tokenizer.unk_token_id):
             raise ValueError(f"tokenizer in {root} lacks {token}, which the T2I prompt needs")

@@ -1,6 +1,7 @@
-"""MammothModa2's AR: a Qwen2.5 text decoder whose generation-vocabulary positions use expert weights.
+"""MammothModa2's AR: a Qwen2.5 (Preview) or Qwen3-VL (Dev) text decoder whose generation-vocabulary positions use
+expert weights.
 
-Facts followed (bytedance/mammothmoda ``mammothmoda2/model/mammothmoda2_qwen2_5_vl/modeling_mammothmoda2_qwen2_5_vl.py``,
+Preview facts followed (bytedance/mammothmoda ``mammothmoda2/model/mammothmoda2_qwen2_5_vl/modeling_mammothmoda2_qwen2_5_vl.py``,
 ``Mammothmoda2Qwen2_5_VLForConditionalGeneration`` / ``Qwen2_5_VLModel`` / ``Qwen2_5_VLTextModel``):
 
 - Module tree (so that the checkpoint's tensors under ``llm_model.`` load by name): ``model.language_model``
@@ -17,6 +18,23 @@ Facts followed (bytedance/mammothmoda ``mammothmoda2/model/mammothmoda2_qwen2_5_
   ``get_rope_index`` without images), which equals ordinary 1-D RoPE with ``rope_theta``; cos/sin are
   computed in float32 and cast to the activation dtype, as upstream's rotary embedding does.
 - RMSNorm: float32 variance, ``weight * normed.to(input_dtype)`` (upstream ``Qwen2RMSNorm``).
+
+Dev (``member == "dev"``; bytedance/mammothmoda main, ``mamoda2/mammothmoda2/model/mammothmoda2_qwen3_vl/
+modeling_mammothmoda2_qwen3_vl.py`` "QM", a copy of transformers 4.57.1's Qwen3-VL plus the Mammoth parts), same module
+tree and routing, with these differences:
+
+- q/k/v/o projections take ``bias=attention_bias`` (default False) (QM:480-491); no attention experts (the released
+  layer checks ``moe_type`` for "ffn" only, QM:567).
+- ``self_attn.q_norm`` / ``k_norm``: RMSNorm(head_dim, rms_norm_eps) on each head after the view to heads and before
+  RoPE (QM:492-494, 511-516); q_proj's width is heads * ``head_dim`` (explicit in the config, may differ from hidden).
+- RoPE: Qwen3-VL's interleaved MRoPE (QM:308-344) with ``rope_theta`` (5e6) over ``head_dim``; with the three axes'
+  positions equal (text and generation tokens: no understanding images in text-to-image) it is 1-D RoPE with the
+  same inv_freq, which is what runs here.
+- Hidden-states tuple (``gen_condition_layers``): (embeddings, output of layer 0, ..., output of layer N-1), the last
+  entry not normed (``ARConfig.final_hidden_normed`` False).
+- Token ids: the logit index is the id; gen_head column c is id ``vocab_size + c`` (``ARConfig.gen_logit_start``),
+  while routing and the gen embedding use ``id >= gen_vocab_start_index`` and ``id - gen_vocab_start_index``
+  (QM:917-927, 1522-1527); the two starts may differ (``ARConfig`` docstring).
 """
 
 from __future__ import annotations
@@ -155,7 +173,8 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    """Qwen2 GQA attention (q/k/v biased, o unbiased) with optional generation-expert projections."""
+    """GQA attention with optional generation-expert projections: Qwen2 (Preview: q/k/v biased, o unbiased) or Qwen3
+    (Dev: every projection biased only with ``attention_bias``, per-head ``q_norm`` / ``k_norm`` before RoPE)."""
 
     def __init__(self, config: ARConfig, layer_idx: int) -> None:
         super().__init__()
@@ -165,22 +184,33 @@ class Attention(nn.Module):
         self.experts = config.moe.enabled("attention", layer_idx)
         prefixes = ("", "gen_") if self.experts else ("",)
         for p in prefixes:
-            setattr(self, f"{p}q_proj", nn.Linear(h, q, bias=True))
-            setattr(self, f"{p}k_proj", nn.Linear(h, kv, bias=True))
-            setattr(self, f"{p}v_proj", nn.Linear(h, kv, bias=True))
-            setattr(self, f"{p}o_proj", nn.Linear(q, h, bias=False))
+            setattr(self, f"{p}q_proj", nn.Linear(h, q, bias=config.attention_bias))
+            setattr(self, f"{p}k_proj", nn.Linear(h, kv, bias=config.attention_bias))
+            setattr(self, f"{p}v_proj", nn.Linear(h, kv, bias=config.attention_bias))
+            setattr(self, f"{p}o_proj", nn.Linear(q, h, bias=config.o_proj_bias))
+        self.qk_norm = config.qk_norm
+        if config.qk_norm:  # the modules exist only then (no q_norm / k_norm keys in a Preview state dict)
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
     def _proj(self, name: str, x: torch.Tensor, route: str, is_gen: torch.Tensor) -> torch.Tensor:
         gen = getattr(self, f"gen_{name}") if self.experts else None
         return _route(x, route, is_gen, getattr(self, name), gen)
 
+    def _qkv(self, x, cos, sin, route, is_gen) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v [B, heads, T, D] with RoPE applied; Dev's q/k norms act on [B, T, heads, D] before it (QM:511-516)."""
+        b, t, _ = x.shape
+        q = self._proj("q_proj", x, route, is_gen).view(b, t, self.heads, self.head_dim)
+        k = self._proj("k_proj", x, route, is_gen).view(b, t, self.kv_heads, self.head_dim)
+        v = self._proj("v_proj", x, route, is_gen).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
     def forward(self, x, cos, sin, route, is_gen, cache: KVCache | None) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self._proj("q_proj", x, route, is_gen).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k = self._proj("k_proj", x, route, is_gen).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self._proj("v_proj", x, route, is_gen).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q, k, v = self._qkv(x, cos, sin, route, is_gen)
         past = 0 if cache is None else cache.length
         if cache is not None:
             k, v = cache.append(self.layer_idx, k, v)
@@ -205,11 +235,7 @@ class Attention(nn.Module):
         in the same forward.
         """
         p = x.shape[0]
-        q = self._proj("q_proj", x, route, is_gen).view(p, 1, self.heads, self.head_dim).transpose(1, 2)
-        k = self._proj("k_proj", x, route, is_gen).view(p, 1, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self._proj("v_proj", x, route, is_gen).view(p, 1, self.kv_heads, self.head_dim).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q, k, v = self._qkv(x, cos, sin, route, is_gen)
         out = q.new_zeros(p, self.heads, 1, self.head_dim)
         if indexes is not None:
             for b, (cache, index) in enumerate(zip(caches, indexes, strict=True)):
@@ -257,6 +283,7 @@ class TextModel(nn.Module):
         self.register_buffer("inv_freq", self._inv_freq(), persistent=False)
 
     def _inv_freq(self) -> torch.Tensor:
+        """Default-RoPE inv_freq over head_dim with rope_theta (transformers' default rope init, Preview and Dev)."""
         d = self.config.head_dim
         return 1.0 / (self.config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
 
@@ -270,9 +297,10 @@ class TextModel(nn.Module):
         """Returns (final-normed hidden states, condition states).
 
         Condition states are the final-normed states, or, when ``keep`` lists indices into the Hugging Face
-        ``output_hidden_states`` tuple (entry i < N = input of layer i, entry N = final norm), their mean
-        (bytedance/mammothmoda ``mamoda2/mammothmoda2/utils/t2i_utils.py`` ``encode_full_prompts``:
-        ``torch.stack([hidden_states[i] for i in gen_condition_layers]).mean(0)``).
+        ``output_hidden_states`` tuple (N + 1 entries: entry i < N = input of layer i, i.e. the embeddings for i = 0
+        and layer i-1's output otherwise; entry N = the final norm (Preview) or layer N-1's un-normed output (Dev),
+        ``ARConfig.final_hidden_normed``), their mean (bytedance/mammothmoda ``mamoda2/mammothmoda2/utils/t2i_utils.py``
+        ``encode_full_prompts``: ``torch.stack([hidden_states[i] for i in gen_condition_layers]).mean(0)``).
         """
         x, route, is_gen, cos, sin = self._inputs(input_ids, position_ids)
         n = len(self.layers)
@@ -287,13 +315,23 @@ class TextModel(nn.Module):
         return self._outputs(x, keep, kept)
 
     def _inputs(self, input_ids: torch.Tensor, position_ids: torch.Tensor):
-        start = self.config.gen_vocab_start_index
-        is_gen = input_ids >= start
+        config = self.config
+        is_gen = input_ids >= config.gen_vocab_start_index  # routing and embedding by id (QM:917-927)
         text_ids = input_ids.clamp(0, self.embed_tokens.num_embeddings - 1)
-        gen_ids = (input_ids - start).clamp(0, self.gen_embed_tokens.num_embeddings - 1)
+        gen_ids = config.gen_embedding_row(input_ids).clamp(0, self.gen_embed_tokens.num_embeddings - 1)
         x = torch.where(is_gen[..., None], self.gen_embed_tokens(gen_ids), self.embed_tokens(text_ids))
         # One host sync per forward decides the routing path for every layer.
-        n_gen = int(is_gen.sum())
+        if config.vocab_size < config.gen_vocab_start_index:
+            # Ids in [vocab_size, gen_vocab_start_index) route as text but have no embed_tokens row: the released
+            # embedding lookup fails on them, and so does this one (never silently clamped).
+            hole = (~is_gen) & (input_ids >= config.vocab_size)
+            n_gen, n_hole = torch.stack([is_gen.sum(), hole.sum()]).tolist()
+            if n_hole:
+                raise ValueError(f"token ids in [{config.vocab_size}, {config.gen_vocab_start_index}) have no embedding "
+                                 f"row (text vocab_size {config.vocab_size}, generation ids from "
+                                 f"{config.gen_vocab_start_index}): {sorted(set(input_ids[hole].tolist()))[:8]}")
+        else:
+            n_gen = int(is_gen.sum())
         route = "text" if n_gen == 0 else "gen" if n_gen == is_gen.numel() else "mixed"
         freqs = position_ids[..., None].float() * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [B, 1, T, D]
@@ -324,7 +362,7 @@ class TextModel(nn.Module):
         final = self.norm(x)
         if keep is None:
             return final, final
-        kept[n] = final
+        kept[n] = final if self.config.final_hidden_normed else x  # the tuple's last entry (ARConfig.final_hidden_normed)
         return final, torch.stack([kept[i % (n + 1)] for i in keep], dim=0).mean(dim=0)
 
 
@@ -358,7 +396,7 @@ class MammothModa2AR(nn.Module):
     def logits(self, hidden: torch.Tensor, t2i: bool = True) -> torch.Tensor:
         """Float32 logits over [text | gen] vocab; non-T2I requests never see the generation vocabulary."""
         logits = torch.cat([self.lm_head(hidden), self.gen_head(hidden)], dim=-1).float()
-        return mask_generation_vocab(logits, self.config.gen_vocab_start_index, t2i)
+        return mask_generation_vocab(logits, self.config.gen_logit_start, t2i)
 
     def forward(
         self,
@@ -385,12 +423,14 @@ class MammothModa2AR(nn.Module):
         self, input_ids: list[int], positions: list[int], caches: list[KVCache], pad_to: int = 0,
         indexes: list[int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One batched decode token for B streams, each with its own cache: returns (float32 logits over the
-        generation vocabulary [B, gen_vocab_size], i.e. ids from ``gen_vocab_start_index``, and condition hidden
-        states [B, H]). Decode tokens are T2I grid tokens, whose allowed ids all lie in the generation
-        vocabulary, so the text head is not computed (the same numbers as ``logits()``'s generation columns).
+        """One batched decode token for B streams, each with its own cache: returns (float32 logits over gen_head's
+        columns [B, gen_vocab_size], column c being token id ``config.gen_logit_start + c`` (``config.gen_column_id``;
+        not ``gen_vocab_start_index + c``: the two differ when vocab_size != gen_vocab_start_index), and condition
+        hidden states [B, H]). Decode tokens are T2I grid tokens, whose allowed ids all lie in the generation
+        vocabulary (``config.gen_id_range``), so the text head is not computed (the same numbers as ``logits()``'s
+        generation columns).
 
-        The batch is padded to ``pad_to`` rows (padding rows: the first generation id at position 0, no cache),
+        The batch is padded to ``pad_to`` rows (padding rows: the first id of ``gen_id_range`` at position 0, no cache),
         so that every matmul has the same shape however many streams are real: CPU BLAS may pick another
         kernel, and so round differently, for another row count, and a stream's result must not depend on
         what it is batched with.
@@ -404,7 +444,7 @@ class MammothModa2AR(nn.Module):
         rows = max(b, pad_to)
         pad = rows - b
         device = self.device
-        ids = torch.tensor(list(input_ids) + [self.config.gen_vocab_start_index] * pad, dtype=torch.long, device=device)
+        ids = torch.tensor(list(input_ids) + [self.config.gen_id_range.start] * pad, dtype=torch.long, device=device)
         pos = torch.tensor(list(positions) + [0] * pad, dtype=torch.long, device=device)
         final, condition = self.model.language_model.decode(
             ids[:, None], pos[:, None], caches, self.config.condition_layers, indexes
@@ -412,22 +452,32 @@ class MammothModa2AR(nn.Module):
         return self.gen_head(final[:b, 0]).float(), condition[:b, 0]
 
 
-def mask_generation_vocab(logits: torch.Tensor, gen_vocab_start_index: int, t2i: bool) -> torch.Tensor:
-    """Non-T2I requests may not sample generation-vocabulary ids: set them to -inf (in place).
+def mask_generation_vocab(logits: torch.Tensor, gen_logit_start: int, t2i: bool) -> torch.Tensor:
+    """Non-T2I requests may not sample generation-vocabulary ids: set gen_head's columns, from ``gen_logit_start``
+    (``ARConfig.gen_logit_start``, the text vocab_size), to -inf (in place).
 
     vllm-omni ``vllm_omni/model_executor/models/mammoth_moda2/mammoth_moda2_ar.py``
     ``_apply_t2i_token_constraints``: ``logits[i, base_vocab_size:] = -inf`` for every non-"t2i" task.
     """
     if not t2i:
-        logits[..., gen_vocab_start_index:] = float("-inf")
+        logits[..., gen_logit_start:] = float("-inf")
     return logits
 
 
 def _layer_shapes(config: ARConfig) -> tuple[int, int]:
-    """Parameters of one layer's attention projections (q, k, v with biases, o) and of one MLP (gate, up, down)."""
+    """Parameters of one layer's attention projections (q, k, v, o with the member's biases; expert copies have the
+    same) and of one MLP (gate, up, down)."""
     h, f = config.hidden_size, config.intermediate_size
     q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
-    return (h * q + q) + 2 * (h * kv + kv) + q * h, 3 * h * f
+    bias = config.attention_bias
+    attn = (h * q + q * bias) + 2 * (h * kv + kv * bias) + (q * h + h * config.o_proj_bias)
+    return attn, 3 * h * f
+
+
+def _layer_norms(config: ARConfig) -> int:
+    """Norm weights of one layer: input and post-attention RMSNorms, and Dev's per-head q/k norms (not duplicated for
+    experts)."""
+    return 2 * config.hidden_size + (2 * config.head_dim if config.qk_norm else 0)
 
 
 def count_parameters(config: ARConfig) -> dict[str, int]:
@@ -437,7 +487,7 @@ def count_parameters(config: ARConfig) -> dict[str, int]:
     moe = config.moe
     ffn_experts = len(moe.layers(n, "ffn"))
     attn_experts = len(moe.layers(n, "attention"))
-    dense = n * (attn + mlp + 2 * h) + h + 2 * config.vocab_size * h
+    dense = n * (attn + mlp + _layer_norms(config)) + h + 2 * config.vocab_size * h
     experts = ffn_experts * mlp + attn_experts * attn
     gen_vocab = 2 * config.gen_vocab_size * h
     return {"dense": dense, "experts": experts, "gen_vocab": gen_vocab, "total": dense + experts + gen_vocab}
@@ -446,8 +496,8 @@ def count_parameters(config: ARConfig) -> dict[str, int]:
 def count_decode_parameters(config: ARConfig) -> int:
     """Parameters one text-to-image decode token reads (what ``static_decode`` runs): on each layer the expert copy
     of the attention projections and of the MLP where the layer has one, the text copy otherwise (same shapes),
-    both RMSNorms; the final norm; ``gen_head`` only (the sampler reads generation logits alone). The one embedding
-    row a token looks up is left out."""
+    both RMSNorms and Dev's q/k norms; the final norm; ``gen_head`` only (the sampler reads generation logits alone).
+    The one embedding row a token looks up is left out."""
     h = config.hidden_size
     attn, mlp = _layer_shapes(config)
-    return config.num_hidden_layers * (attn + mlp + 2 * h) + h + config.gen_vocab_size * h
+    return config.num_hidden_layers * (attn + mlp + _layer_norms(config)) + h + config.gen_vocab_size * h
