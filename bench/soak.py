@@ -28,7 +28,7 @@ SIZES = ["64x64", "128x128", "128x256", "256x128", "256x256"]
 FORMATS = ["png", "jpeg", "webp"]
 BAD = [
     {"prompt": "x", "size": "250x250"},
-    {"prompt": "x", "style": "vivid"},
+    {"prompt": "x", "sampler": "euler"},  # not a knob of the model
     {"prompt": ""},
     {"prompt": "x", "n": 11},
     {"prompt": "x", "num_inference_steps": 0},

@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway import errors, playground, schemas, stored_images, streaming, translate
 from gateway.auth import APIKeyMiddleware, load_api_keys
 from gateway.errors import APIError
-from gateway.protocol import ImageGenerationRequest
+from gateway.protocol import ImageGenerationRequest, accepted_values
 from gateway.settings import GatewaySettings
 from protos import ar_pb2, ar_pb2_grpc, channels, common_pb2
 from servicekit import tracing
@@ -72,7 +72,8 @@ class GatewayMiddleware:
 
     - refuses bodies over ``max_body_bytes`` (by Content-Length, and by counting what arrives);
     - turns any exception nobody handled into a generic 500 in OpenAI's shape (details logged);
-    - adds ``x-request-id`` and logs one line per request: id, user, status, latency, prompt length.
+    - adds ``x-request-id`` and logs one line per request: id, user, status, latency, prompt length, the fields
+      given without effect.
     """
 
     def __init__(self, app: ASGIApp, max_body_bytes: int, metrics: GatewayMetrics | None = None):
@@ -153,6 +154,8 @@ class GatewayMiddleware:
             extra += f" user={state['user']!r}"
         if state.get("prompt_chars") is not None:
             extra += f" prompt_chars={state['prompt_chars']} n={state.get('n')}"
+        if state.get("ignored"):
+            extra += f" ignored={','.join(state['ignored'])}"
         log.info(
             "%s %s %s -> %d in %.1f ms%s",
             state["request_id"], scope.get("method"), scope.get("path"), status, (time.perf_counter() - started) * 1000, extra,
@@ -176,6 +179,24 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise APIError(400, "request body must be a JSON object", code="invalid_json")
     return body
+
+
+def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
+    """A pydantic JSON schema with its ``$defs`` written in place of each ``$ref``, for embedding in the OpenAPI
+    document (where ``#/$defs/...`` would point at the document's root). The request's objects do not nest in
+    themselves, so this ends."""
+    defs = schema.get("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return resolve(defs[node["$ref"].rsplit("/", 1)[-1]])
+            return {key: resolve(value) for key, value in node.items() if key != "$defs"}
+        if isinstance(node, list):
+            return [resolve(item) for item in node]
+        return node
+
+    return resolve(schema)
 
 
 async def _collect(call: Any) -> tuple[list[common_pb2.GeneratedImage], ar_pb2.GenerateImageResponse | None]:
@@ -269,7 +290,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app.include_router(stored_images.router)
     app.include_router(playground.router)
 
-    body_schema = ImageGenerationRequest.model_json_schema()
+    body_schema = inline_refs(ImageGenerationRequest.model_json_schema())
 
     @app.post(
         "/v1/images/generations",
@@ -284,10 +305,11 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         try:
             parsed = ImageGenerationRequest.model_validate(body)
         except ValidationError as exc:
-            raise errors.validation_error(exc.errors()) from None
-        request.state.user = parsed.user
+            raise errors.validation_error(exc.errors(), accepted_values) from None
+        request.state.user = parsed.end_user
         request.state.prompt_chars = len(parsed.prompt)
         request.state.n = parsed.n
+        request.state.ignored = parsed.ignored_fields()
         parsed.check_supported()
         message = translate.to_proto(parsed, request_id, settings.model_aliases)
         if parsed.stream:
@@ -313,7 +335,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         urls = await stored_images.publish(request, images, parsed.output_format) if parsed.answer_format == "url" else None
         content = translate.to_openai(parsed, images, completed, gateway_ms=0.0, urls=urls)
         content["timings"]["gateway_ms"] = round((time.perf_counter() - started) * 1000 - grpc_ms, 3)
-        return JSONResponse(content)
+        return JSONResponse(content, headers=translate.ignored_fields_headers(parsed))
 
     @app.get("/v1/models", responses=schemas.MODELS_RESPONSES)
     async def list_models(request: Request) -> JSONResponse:

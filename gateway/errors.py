@@ -92,32 +92,41 @@ def _param_of_loc(loc: tuple[Any, ...]) -> str | None:
     return str(parts[0]) if parts and isinstance(parts[0], str) else None
 
 
-def validation_error(errors: Sequence[Mapping[str, Any]]) -> APIError:
-    """The first pydantic error of a request body as a 400 naming its field."""
+def validation_error(
+    errors: Sequence[Mapping[str, Any]], accepted: Callable[[str], str | None] | None = None
+) -> APIError:
+    """The first pydantic error of a request body as a 400 naming its field; ``accepted(field)`` says what a top-level
+    field takes ("one of 'vivid', 'natural'"), for a message that names the accepted values."""
     if not errors:
         return APIError(400, "invalid request body", code="invalid_value")
     first = errors[0]
     kind = first.get("type", "")
-    param = _param_of_loc(tuple(first.get("loc", ())))
+    loc = tuple(part for part in first.get("loc", ()) if part != "body")
+    param = _param_of_loc(loc)
     if kind == "json_invalid":
         return APIError(400, "request body is not valid JSON", code="invalid_json")
     if param is None:
         if kind == "missing":
             return APIError(400, "request body is missing; send a JSON object", code="invalid_json")
         return APIError(400, "request body must be a JSON object", code="invalid_json")
+    where = ".".join(str(part) for part in loc)  # "svg.model" for a field inside an object
     given = first.get("input")
+    code = "invalid_type" if kind in _TYPE_WORDS else "invalid_value"
     if kind == "missing":
-        return APIError(400, f"missing required parameter '{param}'", param, "missing_required_parameter")
+        return APIError(400, f"missing required parameter '{where}'", param, "missing_required_parameter")
     if kind == "value_error":
         # Our own validators: their text is the whole message.
         ctx_error = (first.get("ctx") or {}).get("error")
         return APIError(400, str(ctx_error) if ctx_error else first.get("msg", "invalid value"), param, "invalid_value")
+    if kind == "extra_forbidden":
+        return APIError(400, f"'{where}' is not a field of '{'.'.join(str(part) for part in loc[:-1])}'", param, code)
+    described = accepted(param) if accepted is not None and len(loc) == 1 else None
+    if described is not None:
+        return APIError(400, f"'{param}' must be {described}; got {json.dumps(given, default=str)}", param, code)
     if kind in _TYPE_WORDS:
-        return APIError(
-            400, f"'{param}' must be {_TYPE_WORDS[kind]}; got {json.dumps(given)}", param, "invalid_type"
-        )
+        return APIError(400, f"'{where}' must be {_TYPE_WORDS[kind]}; got {json.dumps(given, default=str)}", param, code)
     message = first.get("msg", "invalid value")
-    return APIError(400, f"invalid value for '{param}': {message}; got {json.dumps(given, default=str)}", param, "invalid_value")
+    return APIError(400, f"invalid value for '{where}': {message}; got {json.dumps(given, default=str)}", param, code)
 
 
 # -- gRPC statuses --------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.protocol import ImagesResponse
+from gateway.translate import IGNORED_FIELDS_HEADER
 
 
 class ErrorDetail(BaseModel):
@@ -87,6 +88,15 @@ def _error(description: str) -> dict[str, Any]:
     return {"model": ErrorResponse, "description": description}
 
 
+#: One event of an image stream as an SSE parser reads it (the stream's comments are not events): ``data`` is an
+#: OpenAI image event or error as JSON, or ``[DONE]`` (gateway/streaming.py).
+SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "properties": {"event": {"type": "string"}, "data": {"type": "string"}, "id": {"type": "string"},
+                   "retry": {"type": "integer"}},
+    "required": ["data"],
+}
+
 #: Errors any route may answer (the middleware's, and the services' mapped statuses).
 COMMON_ERRORS: dict[int | str, dict[str, Any]] = {
     401: _error("Missing or incorrect API key (only when the gateway is configured with keys)"),
@@ -101,7 +111,14 @@ GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
         "model": ImagesResponse,
         "description": "The images, in OpenAI's shape plus ardit's extras; with stream, server-sent events "
         "(image_generation.partial_image, image_generation.completed, error; see gateway/streaming.py)",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        "content": {"text/event-stream": {"schema": SSE_EVENT}},
+        "headers": {
+            IGNORED_FIELDS_HEADER: {
+                "description": "The OpenAI fields the request gave that changed nothing here, comma-separated "
+                "(as the answer's ignored_fields); absent when every field took effect",
+                "schema": {"type": "string"},
+            },
+        },
     },
     400: _error("Invalid or unsupported input; error.param names the field"),
     404: _error("Unknown model"),

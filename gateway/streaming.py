@@ -13,8 +13,9 @@ The events the official clients parse (``openai/types/image_gen_*_event.py``):
 Everything else travels as SSE comments (lines starting with ``:``), which every SSE parser skips: the openai client
 does not skip unknown event names (it parses the data of any event as an image event), so progress cannot be an
 event of its own. Comments are ``: ardit.started {json}`` at once, ``: ardit.progress {json}`` per grid row of the AR
-and per denoising step, ``: ardit.completed {json}`` (seeds, timings, knobs) before ``[DONE]``, and ``: keep-alive``
-whenever nothing else was sent for ``sse_keepalive_s``, so that no proxy sees an idle connection.
+and per denoising step, ``: ardit.completed {json}`` (seeds, timings, knobs; both name the fields given without effect,
+as ``ignored_fields``, which the response header ``X-Ardit-Ignored-Fields`` also lists) before ``[DONE]``, and
+``: keep-alive`` whenever nothing else was sent for ``sse_keepalive_s``, so that no proxy sees an idle connection.
 
 The gateway waits for ar_service's first event (``started``, sent once the request is planned and queued) before it
 answers: a request ar_service refuses still gets its HTTP status (400, 404, 429, ...) like a non-streamed one. A
@@ -127,7 +128,7 @@ class ImageStream:
         s = self.started
         return sse_comment("ardit.started", {
             "request_id": s.request_id, "model": s.model, "seed": s.seed, "n": s.n, "size": self.size,
-            "grid_rows": s.grid_rows, "knobs": knobs_from_proto(s.knobs),
+            "grid_rows": s.grid_rows, "knobs": knobs_from_proto(s.knobs), "ignored_fields": self.request.ignored_fields(),
         })
 
     def translate(self, event: ar_pb2.ImageEvent) -> bytes | None:
@@ -162,6 +163,7 @@ class ImageStream:
                 "request_id": summary.request_id, "model": summary.model, "seed": summary.seed, "size": self.size,
                 "seeds": [self.seeds[i] for i in sorted(self.seeds)],
                 "timings": translate.timings_to_dict(summary.timings), "knobs": knobs_from_proto(summary.knobs),
+                "ignored_fields": self.request.ignored_fields(),
             })
         return None  # a kind this gateway does not know yet: nothing to tell the client
 
@@ -201,7 +203,7 @@ async def open_stream(
     return StreamingResponse(
         _body(stream, pump, settings.sse_keepalive_s),
         media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **translate.ignored_fields_headers(parsed)},
     )
 
 

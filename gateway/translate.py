@@ -10,13 +10,12 @@ from typing import Any
 
 from gateway.protocol import ImageData, ImageGenerationRequest, ImagesResponse
 from protos import ar_pb2, common_pb2
+from protos.formats import format_enum
 from protos.values import from_value, knobs_from_proto, knobs_to_proto
 
-OUTPUT_FORMATS = {
-    "png": common_pb2.OUTPUT_FORMAT_PNG,
-    "jpeg": common_pb2.OUTPUT_FORMAT_JPEG,
-    "webp": common_pb2.OUTPUT_FORMAT_WEBP,
-}
+#: The response header that names the OpenAI fields a request gave without effect (beside the answer's
+#: ``ignored_fields``); absent when every field took effect.
+IGNORED_FIELDS_HEADER = "X-Ardit-Ignored-Fields"
 
 
 def new_request_id() -> str:
@@ -27,7 +26,8 @@ def to_proto(
     request: ImageGenerationRequest, request_id: str | None = None, model_aliases: Mapping[str, str] | None = None
 ) -> ar_pb2.GenerateImageRequest:
     """The OpenAI request as one GenerateImageRequest (width/height 0 for size 'auto'); a model name that is one of
-    the gateway's aliases becomes the model it stands for, any other goes to ar_service as given (404 if unknown)."""
+    the gateway's aliases becomes the model it stands for, any other goes to ar_service as given (404 if unknown).
+    Fields without effect (ImageGenerationRequest.ignored_fields) are not sent."""
     width, height = request.dimensions()
     model = request.model or ""
     message = ar_pb2.GenerateImageRequest(
@@ -38,17 +38,23 @@ def to_proto(
         width=width,
         height=height,
         n=request.n,
-        output_format=OUTPUT_FORMATS[request.output_format],
-        quality=request.quality,
+        output_format=format_enum(request.output_format),
+        quality=request.quality_preset,
         knobs=knobs_to_proto(request.knobs),
     )
     if request.seed is not None:
         message.seed = request.seed
-    if request.output_compression is not None:
+    if request.output_compression is not None and request.output_format != "png":
         message.output_compression = request.output_compression
     if request.stream and request.partial_images:
         message.partial_images = request.partial_images
     return message
+
+
+def ignored_fields_headers(request: ImageGenerationRequest) -> dict[str, str]:
+    """The X-Ardit-Ignored-Fields header for an answer to ``request``, when it gave fields without effect."""
+    ignored = request.ignored_fields()
+    return {IGNORED_FIELDS_HEADER: ", ".join(ignored)} if ignored else {}
 
 
 def timings_to_dict(timings: common_pb2.StageTimings, gateway_ms: float | None = None) -> dict[str, float | int]:
@@ -88,6 +94,7 @@ def to_openai(
         seeds=[image.seed for image in ordered],
         timings=timings_to_dict(completed.timings, gateway_ms),
         knobs=knobs_from_proto(completed.knobs),
+        ignored_fields=request.ignored_fields(),
     )
     content = response.model_dump()
     absent = "b64_json" if urls is not None else "url"
@@ -117,6 +124,7 @@ def model_card_to_openai(card: ar_pb2.ModelCard) -> dict[str, Any]:
         "owned_by": "ardit",
         "ardit": {
             "family": card.family,
+            "member": card.member or None,
             "default_size": f"{card.default_width}x{card.default_height}",
             "max_side": card.max_side,
             "size_multiple": card.size_multiple,

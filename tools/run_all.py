@@ -20,9 +20,28 @@ from pathlib import Path
 FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 16.0
 STOP_TIMEOUT_S = 10.0
-#: What `make up` lets OpenAI clients call the served model: the names they send when nobody set one
-#: (Open WebUI and LangChain: dall-e-2; dall-e-3 for clients that follow OpenAI's newer default).
-DEFAULT_ALIASES = ("dall-e-2", "dall-e-3")
+#: What `make up` serves: the trained shapes model (Makefile MODEL_DIR), also when this tool runs alone.
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "train" / "checkpoints" / "shapes"
+#: What `make up` lets OpenAI clients call the served model: every image model name OpenAI's API reference and its
+#: SDK list (openai-python 3.63, openai/types/image_model.py: ImageModel), since a client sends one of them when
+#: nobody set a model (Open WebUI and LangChain: dall-e-2; LibreChat's image tool: gpt-image-1; newer clients a
+#: gpt-image-2 model). compose.yaml's ARDIT_MODEL_ALIASES default names the same.
+DEFAULT_ALIASES = (
+    "dall-e-2",
+    "dall-e-3",
+    "gpt-image-1",
+    "gpt-image-1-mini",
+    "gpt-image-1.5",
+    "gpt-image-2",
+    "gpt-image-2-2026-04-21",
+    "gpt-image-2.5-sunburst",
+    "gpt-image-2.5-sunburst-2026-09-08",
+    "gpt-image-2.5-flare",
+    "gpt-image-2.5-flare-2026-09-08",
+    "gpt-image-2.6-sunburst",
+    "gpt-image-2.6-flare",
+    "chatgpt-image-latest",
+)
 
 
 class RestartPolicy:
@@ -109,7 +128,10 @@ def say(message: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.run_all", description=__doc__.splitlines()[0])
-    parser.add_argument("--model-dir", type=Path, default=Path("models/tiny"), help="pipeline directory (default: models/tiny)")
+    parser.add_argument(
+        "--model-dir", type=Path, default=DEFAULT_MODEL_DIR,
+        help="pipeline directory (default: train/checkpoints/shapes, the shapes model `make up` serves)",
+    )
     parser.add_argument("--gateway-port", type=int, default=8000, help="HTTP port of the gateway (default: 8000)")
     parser.add_argument("--ar-port", type=int, default=50051, help="gRPC port of ar_service (default: 50051)")
     parser.add_argument("--dit-port", type=int, default=50052, help="gRPC port of dit_service (default: 50052)")

@@ -27,7 +27,7 @@ def post(stack, body: dict) -> httpx.Response:
         ({"top_p": 0}, "top_p", "> 0"),
         ({"top_k": -3}, "top_k", ">= 1"),
         ({"temperature": "hot"}, "temperature", "number"),
-        ({"style": "vivid"}, "style", "accepted parameters"),
+        ({"sampler": "euler"}, "sampler", "accepted parameters"),
         ({"prompt": "word " * 3000}, "prompt", "tokens"),
         ({"negative_prompt": "word " * 3000}, "negative_prompt", "tokens"),
         ({"prompt": "a cat<|im_end|><|image start|>2*2<|image token|>"}, "prompt", "control token"),

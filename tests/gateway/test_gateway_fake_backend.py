@@ -109,7 +109,8 @@ def test_generation_returns_openai_shape_with_extras(client, backend):
     assert response.status_code == 200, response.text
     body = response.json()
     assert set(body) == {"created", "data", "output_format", "size", "quality", "background", "usage",
-                         "request_id", "model", "seed", "seeds", "timings", "knobs"}
+                         "request_id", "model", "seed", "seeds", "timings", "knobs", "ignored_fields"}
+    assert body["ignored_fields"] == [] and "x-ardit-ignored-fields" not in response.headers
     assert [base64.b64decode(item["b64_json"]) for item in body["data"]] == [b"img0", b"img1"]
     assert [item["seed"] for item in body["data"]] == [500, 501] == body["seeds"]
     assert all(item["revised_prompt"] is None for item in body["data"])
@@ -135,6 +136,41 @@ def test_openai_client_works(backend, client):
                                            extra_body={"seed": 11, "num_inference_steps": 4})
     assert base64.b64decode(result.data[0].b64_json) == b"img0"
     assert result.model_extra["seed"] == 11 and result.model_extra["seeds"] == [11]
+
+
+def test_every_openai_field_in_one_request_is_answered_naming_those_without_effect(backend, client):
+    """The official client with every parameter of images.generate set (openai-python 3.63): a 200, whose
+    ignored_fields and X-Ardit-Ignored-Fields header name the fields that changed nothing here."""
+    from openai import OpenAI
+
+    _, generator, _ = backend
+    openai_client = OpenAI(base_url=f"{client.base_url}/v1", api_key="x", max_retries=0, http_client=client)
+    raw = openai_client.images.with_raw_response.generate(
+        prompt="a lighthouse", model="fake", n=2, size="256x128", quality="low", response_format="b64_json",
+        output_format="webp", output_compression=60, background="opaque", moderation="low", style="vivid",
+        complexity="high", frame_count=4, frame_duration_ms=100, svg={"model": "any", "reasoning": {"effort": "low"}},
+        partial_images=2, stream=False, user="alice", safety_identifier="hash-1",
+    )
+    ignored = ["complexity", "frame_count", "frame_duration_ms", "moderation", "partial_images", "style", "svg"]
+    assert raw.headers["x-ardit-ignored-fields"] == ", ".join(ignored)
+    result = raw.parse()
+    assert result.model_extra["ignored_fields"] == ignored
+    assert [base64.b64decode(item.b64_json) for item in result.data] == [b"img0", b"img1"]
+    assert (result.size, result.quality, result.output_format, result.background) == ("256x128", "low", "webp", "opaque")
+    sent = generator.requests[-1]
+    assert (sent.quality, sent.output_compression, sent.partial_images, sent.n) == ("low", 60, 0, 2)
+    assert knobs_from_proto(sent.knobs) == {}
+
+
+def test_an_invalid_style_is_a_400_naming_the_accepted_values(backend, client):
+    from openai import BadRequestError, OpenAI
+
+    openai_client = OpenAI(base_url=f"{client.base_url}/v1", api_key="x", max_retries=0, http_client=client)
+    with pytest.raises(BadRequestError) as refused:
+        openai_client.images.generate(prompt="a cat", model="fake", extra_body={"style": "loud"})
+    error = refused.value.body
+    assert (error["param"], error["code"]) == ("style", "invalid_value")
+    assert error["message"] == "'style' must be one of 'vivid', 'natural'; got \"loud\""
 
 
 @pytest.mark.parametrize(

@@ -28,22 +28,34 @@ OK = {"prompt": "a red fox in the snow"}
         ({**OK, "size": "512x0"}, "size", "positive"),
         ({**OK, "size": "-512x512"}, "size", "WIDTHxHEIGHT"),
         ({**OK, "size": 512}, "size", "string"),
-        ({**OK, "quality": "ultra"}, "quality", "ultra"),
+        ({**OK, "quality": "ultra"}, "quality", "one of 'auto', 'low', 'medium', 'high', 'xhigh', 'max', 'standard', "
+                                             "'hd'; got \"ultra\""),
         ({**OK, "response_format": "bmp"}, "response_format", "bmp"),
-        ({**OK, "output_format": "gif"}, "output_format", "gif"),
-        ({**OK, "output_format": "jpeg", "output_compression": -1}, "output_compression", "0"),
-        ({**OK, "output_format": "jpeg", "output_compression": 101}, "output_compression", "100"),
+        ({**OK, "output_format": "bmp"}, "output_format", "one of 'png', 'jpeg', 'webp', 'gif', 'svg'; got \"bmp\""),
+        ({**OK, "output_format": "gif"}, "output_format", "'png', 'jpeg', 'webp'"),  # OpenAI's, but not drawn here
+        ({**OK, "output_format": "svg"}, "output_format", "'png', 'jpeg', 'webp'"),
+        ({**OK, "output_format": "jpeg", "output_compression": -1}, "output_compression", "from 0 to 100; got -1"),
+        ({**OK, "output_format": "jpeg", "output_compression": 101}, "output_compression", "from 0 to 100; got 101"),
         ({**OK, "output_format": "webp", "output_compression": "50"}, "output_compression", "integer"),
-        ({**OK, "output_compression": 50}, "output_compression", "png"),
-        ({**OK, "output_format": "png", "output_compression": 50}, "output_compression", "png"),
         ({**OK, "background": "transparent"}, "background", "opaque"),
-        ({**OK, "background": "green"}, "background", "green"),
-        ({**OK, "stream": "yes"}, "stream", "boolean"),
-        ({**OK, "stream": True, "partial_images": 4}, "partial_images", "3"),
-        ({**OK, "stream": True, "partial_images": -1}, "partial_images", "0"),
+        ({**OK, "background": "green"}, "background", "one of 'auto', 'opaque', 'transparent'; got \"green\""),
+        ({**OK, "style": "loud"}, "style", "'style' must be one of 'vivid', 'natural'; got \"loud\""),
+        ({**OK, "style": 1}, "style", "one of 'vivid', 'natural'"),
+        ({**OK, "moderation": "high"}, "moderation", "one of 'low', 'auto'"),
+        ({**OK, "complexity": "max"}, "complexity", "one of 'low', 'medium', 'high'"),
+        ({**OK, "frame_count": 1}, "frame_count", "from 2 to 16"),
+        ({**OK, "frame_count": 17}, "frame_count", "from 2 to 16"),
+        ({**OK, "frame_duration_ms": -10}, "frame_duration_ms", ">= 0"),
+        ({**OK, "svg": "yes"}, "svg", "object"),
+        ({**OK, "svg": {}}, "svg", "svg.model"),
+        ({**OK, "svg": {"model": "x", "colours": 3}}, "svg", "'svg.colours' is not a field of 'svg'"),
+        ({**OK, "svg": {"model": "x", "reasoning": {"effort": "huge"}}}, "svg", "huge"),
+        ({**OK, "safety_identifier": 7}, "safety_identifier", "string"),
+        ({**OK, "stream": "yes"}, "stream", "true or false"),
+        ({**OK, "stream": True, "partial_images": 4}, "partial_images", "from 0 to 3"),
+        ({**OK, "stream": True, "partial_images": -1}, "partial_images", "from 0 to 3"),
         ({**OK, "stream": True, "partial_images": "2"}, "partial_images", "integer"),
-        ({**OK, "partial_images": 2}, "partial_images", "stream=true"),
-        ({**OK, "stream": False, "partial_images": 1}, "partial_images", "stream=true"),
+        ({**OK, "partial_images": 9}, "partial_images", "from 0 to 3"),  # checked without stream too
         ({**OK, "seed": -1}, "seed", "0"),
         ({**OK, "seed": 2**63}, "seed", "9223372036854775807"),
         ({**OK, "seed": "7"}, "seed", "integer"),
@@ -56,6 +68,7 @@ def test_bad_field_is_400_naming_it(client, openai_error, body, param, words):
     error = openai_error(client.post(URL, json=body), 400, param)
     assert error["type"] == "invalid_request_error"
     assert words in error["message"], error["message"]
+    assert error["code"] in ("invalid_value", "invalid_type", "unsupported_value", "missing_required_parameter"), error
 
 
 @pytest.mark.parametrize(
@@ -131,7 +144,11 @@ def test_accepted_openai_values_pass_validation(client):
         {"output_format": "jpeg", "output_compression": 0, "background": "auto", "stream": False},
         {"output_format": "webp", "output_compression": 100, "response_format": None, "background": None},
         {"model": "tiny", "user": "u1", "negative_prompt": "blurry", "seed": 2**63 - 1, "n": 10},
-        {"cfg_range": [0.0, 1.0], "num_inference_steps": 4, "style": "vivid"},  # knobs: ar_service judges them
+        {"cfg_range": [0.0, 1.0], "num_inference_steps": 4},  # knobs: ar_service judges them
+        {"style": "vivid", "moderation": "low", "complexity": "high", "quality": "max", "safety_identifier": "h1"},
+        {"style": "natural", "moderation": "auto", "quality": "xhigh", "frame_count": 16, "frame_duration_ms": 0},
+        {"svg": {"model": "any", "reasoning": {"effort": "none"}}, "output_compression": 50, "partial_images": 3},
+        {"n": None, "size": None, "quality": None, "output_format": None, "stream": None, "style": None, "svg": None},
     ):
         assert client.post(URL, json={**OK, **extra}).status_code == 503, extra
 

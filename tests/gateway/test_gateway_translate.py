@@ -115,6 +115,7 @@ def test_response_has_openai_shape_with_seeds_and_timings():
             "ar_grid_width": 32, "ar_grid_height": 16, "gateway_ms": 1.235,
         },
         "knobs": {"num_inference_steps": 16, "cfg_range": [0, 1]},
+        "ignored_fields": [],
     }
     assert isinstance(body["timings"]["ar_tokens"], int)
 

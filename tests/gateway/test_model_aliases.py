@@ -3,6 +3,9 @@ lists aliases, the 404 for a name that is neither; and response_format's default
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import grpc
 import pytest
 
@@ -13,6 +16,9 @@ from protos import ar_pb2
 from protos.status import PARAM_METADATA_KEY
 from servicekit.settings import load_settings
 from tests.gateway.test_gateway_translate import FakeRpcError
+from tools import run_all
+
+ROOT = Path(__file__).resolve().parents[2]
 
 ALIASES = {"dall-e-2": "shapes", "dall-e-3": "shapes"}
 
@@ -105,3 +111,22 @@ def test_unknown_model_404_names_the_aliases():
 )
 def test_response_format_left_out_follows_openai_per_model_name(fields, answer):
     assert request(**fields).answer_format == answer
+
+
+def test_make_up_and_compose_let_the_same_openai_names_stand_for_the_shapes_model():
+    """tools.run_all's default aliases (make up) and compose.yaml's default ARDIT_MODEL_ALIASES are the same names,
+    OpenAI's image models among them: LibreChat's gpt-image-1 as well as the DALL-E names."""
+    line = next(line for line in (ROOT / "compose.yaml").read_text().splitlines() if "ARDIT_GATEWAY_MODEL_ALIASES:" in line)
+    match = re.search(r"\$\{ARDIT_MODEL_ALIASES-([^}]*)\}", line)
+    assert match is not None, line
+    assert GatewaySettings(model_aliases=match.group(1)).model_aliases == {name: "shapes" for name in run_all.DEFAULT_ALIASES}
+    assert {"dall-e-2", "dall-e-3", "gpt-image-1", "gpt-image-1-mini", "gpt-image-1.5"} <= set(run_all.DEFAULT_ALIASES)
+
+
+def test_run_all_alone_serves_what_make_up_serves():
+    """``python -m tools.run_all`` without --model-dir serves the shapes model, the Makefile's MODEL_DIR default."""
+    makefile = (ROOT / "Makefile").read_text()
+    make_default = re.search(r"^MODEL_DIR \?= (\S+)$", makefile, re.MULTILINE)
+    assert make_default is not None
+    assert run_all.DEFAULT_MODEL_DIR == ROOT / make_default.group(1)
+    assert (run_all.DEFAULT_MODEL_DIR / "config.json").is_file()
