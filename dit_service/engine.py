@@ -89,6 +89,9 @@ class RenderJob:
     timings: dict[str, float] = field(default_factory=dict)
     wake: Any = None  # the engine's wake-up, so a cancel is seen within one step
     trace: Any = None  # the render's trace context (servicekit.tracing); None when tracing is off
+    # (conditional, unconditional) condition as the steps take it (pipeline.branch_conditions): made when the first
+    # image joins, shared by the render's images (the refiner or Q-Former runs once per render), dropped by the last
+    branch_conditions: Any = None
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -172,6 +175,7 @@ class DiTEngine:
         self.planner = RenderPlanner(
             size_multiple=pipeline.size_multiple,
             condition_dim=pipeline.condition_dim,
+            requires_image_condition=pipeline.requires_image_condition,
             knob_table=knob_table,
             max_condition_positions=max_condition_positions,
             max_side=max_side,
@@ -403,10 +407,17 @@ class DiTEngine:
                                dit_steps_computed=0, dit_steps_skipped=0)
         n_text = plan.positions["text"]  # job.condition is [text | image] (ConditionAssembler.complete)
         try:
-            entry = self.pipeline.start_entry(
-                text_condition=job.condition[:n_text],
-                image_condition=job.condition[n_text:],
-                uncond_condition=job.uncond,
+            if job.branch_conditions is None:
+                job.branch_conditions = self.pipeline.branch_conditions(
+                    text_condition=job.condition[:n_text],
+                    image_condition=job.condition[n_text:],
+                    uncond_condition=job.uncond,
+                )
+            conditions = job.branch_conditions
+            if image == plan.n - 1:  # the last image to join: the entries hold the conditions from here on
+                job.branch_conditions = None
+            entry = self.pipeline.start_prepared_entry(
+                conditions,
                 width=plan.width,
                 height=plan.height,
                 seed=plan.seed + image,

@@ -152,7 +152,8 @@ class ConditionAssembler:
 
 class RenderPlanner:
     """Checks Render headers against one served model: its pixel size multiple, its condition width and identity,
-    the service's limits and the family's knob table (over the checkpoint's own knob defaults)."""
+    whether it needs image-condition rows (``requires_image_condition``: the Dev layout's Q-Former), the service's
+    limits and the family's knob table (over the checkpoint's own knob defaults)."""
 
     def __init__(
         self,
@@ -160,6 +161,7 @@ class RenderPlanner:
         size_multiple: int,
         condition_dim: int,
         knob_table: KnobTable,
+        requires_image_condition: bool = False,
         max_condition_positions: int,
         max_side: int | None = None,
         max_pixels: int | None = None,
@@ -170,6 +172,7 @@ class RenderPlanner:
     ):
         self.size_multiple = size_multiple
         self.condition_dim = condition_dim
+        self.requires_image_condition = requires_image_condition
         self.knob_table = knob_table
         self.knob_defaults = knob_table.checkpoint_defaults(knob_defaults or {}, "dit")
         self.max_condition_positions = max_condition_positions
@@ -253,6 +256,12 @@ class RenderPlanner:
         positions = {"text": text_positions, "image": image_positions, "negative": negative_positions}
         if text_positions + image_positions == 0:
             raise RequestRejected("the condition is empty: declare text or image positions", param="text_positions")
+        if self.requires_image_condition and image_positions == 0:
+            raise RequestRejected(
+                "this model's DiT conditions on the image rows through its Q-Former (the Dev layout): declare at least "
+                "one image position",
+                param="image_positions",
+            )
         if sum(positions.values()) > self.max_condition_positions:
             raise RequestRejected(
                 f"the header declares {sum(positions.values())} condition positions; at most "

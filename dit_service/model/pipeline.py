@@ -9,10 +9,23 @@ DiT sees follows upstream ``t2i_utils.py`` ``encode_full_prompts``: the text con
 ``gen_condition_mode``, the image condition (through the Q-Former refiner when there is one) when "image" is,
 concatenated [text | image]. The unconditional branch is the caller's (an empty condition, as vllm-omni, or the
 negative prompt's text condition); it never goes through the refiner.
+
+Two layouts, told apart by ``gen_dit_config.is_image_embedder``:
+- Preview (bytedance/mammothmoda qwen25vl): the Q-Former refiner beside the DiT (``gen_image_condition_refiner.*``,
+  built when ``gen_image_condition_refiner_config`` is not null), in the LLM's width; [text | refined image] then
+  goes through the DiT's caption embedder at every step.
+- Dev (main ``mamoda2/``): the Q-Former inside the DiT (``gen_transformer.time_caption_embed.image_embedder.*``,
+  sized by ``gen_image_condition_refiner_config``, which must then be an object), from the LLM's width to the DiT's.
+  The conditional context is [caption_embedder(text) | Q-Former(image)] and the unconditional one
+  caption_embedder(negative); both are computed once per request (``branch_conditions``) and every step takes them
+  as they are. Its condition mode is ``text_image`` whatever config.json says: the released Dev code takes it from
+  ``decode_diffusion_image``'s argument (``mamoda2/mammothmoda2/utils/t2i_utils.py`` 287, 331) and never reads
+  ``config.gen_condition_mode``.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -45,6 +58,12 @@ VAE_PREFIX = "gen_vae."
 REFINER_PREFIX = "gen_image_condition_refiner."
 CONDITION_MODES = ("text", "image", "text_image")
 DEFAULT_CONDITION_MODE = "image"  # Mammothmoda2Config's default (configuration_mammothmoda2.py)
+#: The Dev layout's condition mode: ``decode_diffusion_image``'s default (main ``mamoda2/mammothmoda2/utils/
+#: t2i_utils.py`` 287), the only one the released Dev code renders with unless a caller passes another.
+DEV_CONDITION_MODE = "text_image"
+IMAGE_EMBEDDER_PREFIX = DIT_PREFIX + "time_caption_embed.image_embedder."
+
+log = logging.getLogger(__name__)
 
 
 def llm_hidden_size(config: dict) -> int:
@@ -56,19 +75,56 @@ def llm_hidden_size(config: dict) -> int:
     raise ValueError("config.json: llm_config has no text_config.hidden_size (the condition width of the DiT)")
 
 
+def dev_layout(config: dict) -> bool:
+    """Whether a root config describes the Dev DiT layout: the Q-Former inside the DiT (``gen_dit_config.
+    is_image_embedder``, diffusion_transformer.py 271, 308)."""
+    return bool((config.get("gen_dit_config") or {}).get("is_image_embedder", False))
+
+
 def build_modules(config: dict) -> tuple[MammothDiT, AutoencoderKL, ImageConditionRefiner | None]:
-    """The DiT stage's modules on the meta device (no storage): shapes only, from the root config."""
+    """The DiT stage's modules on the meta device (no storage): shapes only, from the root config. In the Dev layout
+    ``gen_image_condition_refiner_config`` sizes the Q-Former inside the DiT and there is no refiner beside it."""
     for key in ("gen_dit_config", "gen_vae_config"):
         if not config.get(key):
             raise ValueError(f"config.json has no {key}")
     hidden = llm_hidden_size(config)
     vae_config = {k: v for k, v in config["gen_vae_config"].items() if not k.startswith("_")}
     refiner_config = config.get("gen_image_condition_refiner_config")
+    dev = dev_layout(config)
+    if dev and not isinstance(refiner_config, dict):
+        raise ValueError(
+            "config.json: gen_dit_config.is_image_embedder is true (the Dev layout: the Q-Former inside the DiT), so "
+            "gen_image_condition_refiner_config must be an object sizing that Q-Former ({} for its defaults, 128 "
+            f"queries and 2 layers), as the released code splats it (modeling_mammothmoda2.py 220); got {refiner_config!r}"
+        )
     with torch.device("meta"):
-        dit = MammothDiT.from_config(config["gen_dit_config"], hidden)
+        dit = MammothDiT.from_config(config["gen_dit_config"], hidden, image_embedder_config=refiner_config if dev else None)
         vae = AutoencoderKL.from_config(vae_config)
-        refiner = None if refiner_config is None else ImageConditionRefiner.from_config(refiner_config, hidden)
+        refiner = None
+        if refiner_config is not None and not dev:
+            refiner = ImageConditionRefiner.from_config(refiner_config, hidden)
     return dit, vae, refiner
+
+
+def check_layout_tensors(config: dict, tensor_names: Callable[[str], list[str]]) -> None:
+    """Refuses a checkpoint whose tensors belong to the other layout than its config.json, before any is read: a Dev
+    config (Q-Former inside the DiT) beside Preview's top-level refiner tensors, or a Preview config beside the Dev
+    Q-Former's. ``tensor_names(prefix)``: the checkpoint's tensor names under a prefix."""
+    if dev_layout(config):
+        stray = tensor_names(REFINER_PREFIX)
+        if stray:
+            raise ValueError(
+                f"config.json describes the Dev layout (gen_dit_config.is_image_embedder: the Q-Former inside the DiT, "
+                f"under {IMAGE_EMBEDDER_PREFIX}*), but the checkpoint also holds {len(stray)} tensors of a Preview "
+                f"refiner beside the DiT ({stray[0]}, ...): a checkpoint is one layout or the other"
+            )
+    else:
+        stray = tensor_names(IMAGE_EMBEDDER_PREFIX)
+        if stray:
+            raise ValueError(
+                f"the checkpoint holds {len(stray)} tensors of a Q-Former inside the DiT ({stray[0]}, ...), the Dev "
+                "layout, but config.json's gen_dit_config has no is_image_embedder: true"
+            )
 
 
 class DiTPipeline:
@@ -88,6 +144,8 @@ class DiTPipeline:
         ``ardit_serving.json`` setting (servicekit ServingDefaults)."""
         if condition_mode not in CONDITION_MODES:
             raise ValueError(f"gen_condition_mode must be one of {', '.join(CONDITION_MODES)}; got {condition_mode!r}")
+        if refiner is not None and transformer.is_image_embedder:
+            raise ValueError("a DiT that holds the Q-Former (is_image_embedder, Dev) takes no refiner beside it (Preview)")
         self.transformer = transformer.eval().requires_grad_(False)
         self.vae = vae.eval().requires_grad_(False)
         self.refiner = None if refiner is None else refiner.eval().requires_grad_(False)
@@ -129,6 +187,8 @@ class DiTPipeline:
 
         ``random_weights=True`` reads no tensors: every module is allocated straight on ``device`` in ``dtype`` and
         randomly initialised there (the Preview-shaped benchmark mode)."""
+        if not random_weights:
+            check_layout_tensors(checkpoint.config, checkpoint.tensor_names)
         pipeline = cls.from_config(
             checkpoint.config, device, dtype, random_weights=random_weights, seed=seed,
             load=None if random_weights else checkpoint.load_tensors,
@@ -154,6 +214,11 @@ class DiTPipeline:
             if leftover:
                 raise ValueError(f"{prefix}: tensors left without storage after loading: {leftover}")
         mode = config.get("gen_condition_mode") or DEFAULT_CONDITION_MODE
+        if dit.is_image_embedder:
+            if mode != DEV_CONDITION_MODE:
+                log.warning("config.json gen_condition_mode %r is not read for the Dev layout: the released Dev code "
+                            "renders with %r (t2i_utils.py 287)", mode, DEV_CONDITION_MODE)
+            mode = DEV_CONDITION_MODE
         return cls(dit, vae, refiner, mode, device, dtype)
 
     # -- geometry ---------------------------------------------------------------------------------------------
@@ -161,9 +226,14 @@ class DiTPipeline:
     @property
     def condition_dim(self) -> int:
         """Width of the condition rows the DiT accepts: the LLM hidden size."""
-        projection = self.transformer.time_caption_embed.caption_embedder[1]
-        assert isinstance(projection, torch.nn.Linear)  # caption_embedder is Sequential(RMSNorm, Linear)
-        return projection.in_features
+        return self.transformer.condition_dim
+
+    @property
+    def requires_image_condition(self) -> bool:
+        """Whether a render needs image-condition rows: the Dev layout's Q-Former has no output without them (the
+        released code always has some: the generated grid and its header and end tokens), so an empty image
+        condition is refused rather than rendered without the Q-Former's tokens."""
+        return self.transformer.is_image_embedder and "image" in self.condition_mode
 
     @property
     def latent_channels(self) -> int:
@@ -194,7 +264,14 @@ class DiTPipeline:
 
     @torch.no_grad()
     def assemble_condition(self, text_condition: torch.Tensor, image_condition: torch.Tensor) -> torch.Tensor:
-        """[text | image] per gen_condition_mode, the image part through the refiner when the model has one."""
+        """The conditional branch's condition as a denoise step takes it: [text | image] per gen_condition_mode, the
+        image part through the refiner when the model has one (Preview: rows in the LLM's width). In the Dev layout
+        the context in the DiT's width, [caption_embedder(text) | Q-Former(image)] (``MammothDiT.context``)."""
+        if self.transformer.is_image_embedder:
+            return self.transformer.context(
+                text_condition if "text" in self.condition_mode else None,
+                image_condition if "image" in self.condition_mode else None,
+            )
         parts = []
         if "text" in self.condition_mode:
             parts.append(text_condition.to(device=self.device, dtype=self.dtype))
@@ -206,6 +283,31 @@ class DiTPipeline:
         if not parts:
             return text_condition.new_zeros(0, self.condition_dim).to(device=self.device, dtype=self.dtype)
         return torch.cat(parts, dim=0)
+
+    @torch.no_grad()
+    def unconditional_condition(self, uncond_condition: torch.Tensor) -> torch.Tensor:
+        """The unconditional branch's condition as a denoise step takes it: the negative rows themselves, or in the Dev
+        layout caption_embedder(negative rows), never with Q-Former tokens (t2i_utils.py 228-244, 253-260)."""
+        if self.transformer.is_image_embedder:
+            return self.transformer.context(uncond_condition, None)
+        return uncond_condition.to(device=self.device, dtype=self.dtype)
+
+    def branch_conditions(
+        self, text_condition: torch.Tensor, image_condition: torch.Tensor, uncond_condition: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(conditional, unconditional) condition of one request, as every denoise step of each of its images takes
+        them: computed once (refiner, Q-Former, Dev caption embedding). Conditions are [positions, condition_dim];
+        any may have 0 rows, except an image condition the Dev layout's Q-Former needs (``requires_image_condition``)."""
+        for name, tensor in (("text_condition", text_condition), ("image_condition", image_condition),
+                             ("uncond_condition", uncond_condition)):
+            if tensor.ndim != 2 or tensor.shape[1] != self.condition_dim:
+                raise ValueError(f"{name} must be [positions, {self.condition_dim}]; got {tuple(tensor.shape)}")
+        if self.requires_image_condition and image_condition.shape[0] == 0:
+            raise ValueError(
+                "this model's DiT holds the Q-Former image embedder (Dev layout), which needs at least one "
+                "image-condition row"
+            )
+        return self.assemble_condition(text_condition, image_condition), self.unconditional_condition(uncond_condition)
 
     def render_latents(
         self,
@@ -222,19 +324,15 @@ class DiTPipeline:
         on_step: Callable[[int, int], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
     ) -> DenoiseResult:
-        """Denoises one image's latents. Conditions are [positions, condition_dim]; any may have 0 rows."""
-        for name, tensor in (("text_condition", text_condition), ("image_condition", image_condition),
-                             ("uncond_condition", uncond_condition)):
-            if tensor.ndim != 2 or tensor.shape[1] != self.condition_dim:
-                raise ValueError(f"{name} must be [positions, {self.condition_dim}]; got {tuple(tensor.shape)}")
+        """Denoises one image's latents. Conditions are as ``branch_conditions`` takes them."""
         if cfg_mode not in CFG_MODES:
             raise ValueError(f"cfg_mode must be one of {', '.join(CFG_MODES)}; got {cfg_mode!r}")
         latent_shape = self.latent_shape(width, height)
-        condition = self.assemble_condition(text_condition, image_condition)
+        condition, uncond = self.branch_conditions(text_condition, image_condition, uncond_condition)
         return denoise(
             self.step_model,
             condition,
-            uncond_condition,
+            uncond,
             latent_shape,
             seed=seed,
             steps=steps,
@@ -263,13 +361,24 @@ class DiTPipeline:
     ) -> DenoiseEntry:
         """One image ready to join a running batch (step-level batching): seeded noise and its own schedule.
         ``cache_threshold``: step caching (sampler.step_entries), 0 = off."""
-        for name, tensor in (("text_condition", text_condition), ("image_condition", image_condition),
-                             ("uncond_condition", uncond_condition)):
-            if tensor.ndim != 2 or tensor.shape[1] != self.condition_dim:
-                raise ValueError(f"{name} must be [positions, {self.condition_dim}]; got {tuple(tensor.shape)}")
-        condition = self.assemble_condition(text_condition, image_condition)
+        conditions = self.branch_conditions(text_condition, image_condition, uncond_condition)
+        return self.start_prepared_entry(conditions, width, height, seed, steps, guidance, cfg_range, cache_threshold)
+
+    def start_prepared_entry(
+        self,
+        conditions: tuple[torch.Tensor, torch.Tensor],
+        width: int,
+        height: int,
+        seed: int,
+        steps: int,
+        guidance: float,
+        cfg_range: tuple[float, float] = (0.0, 1.0),
+        cache_threshold: float = 0.0,
+    ) -> DenoiseEntry:
+        """``start_entry`` from a request's ``branch_conditions``: the images of one request share them."""
+        condition, uncond = conditions
         return start_entry(
-            condition, uncond_condition, self.latent_shape(width, height), seed, steps, guidance, (cfg_range[0], cfg_range[1]),
+            condition, uncond, self.latent_shape(width, height), seed, steps, guidance, (cfg_range[0], cfg_range[1]),
             device=self.device, dtype=self.dtype, cfg_range_policy=self.cfg_range_policy, cache_threshold=cache_threshold,
         )
 
@@ -401,10 +510,38 @@ def preview_dit_config(llm_hidden_size: int = 3584) -> dict:
     return {"llm_config": {"text_config": {"hidden_size": llm_hidden_size}}, **preview_gen_parts(llm_hidden_size)}
 
 
+# -- Dev shapes ---------------------------------------------------------------------------------------------------
+
+# The Dev release's gen_dit_config and gen_image_condition_refiner_config are not published (config.json lives only in
+# the Hugging Face repo): UNVERIFIED. Taken: Preview's DiT dimensions (the README's "2B dense DiT" for both) with the
+# Q-Former inside it, at the SimpleQFormerImageEmbedder defaults (128 queries, 2 layers; image_refiner.py 98-107),
+# and the Qwen3-VL-8B hidden size 4096 as its input width.
+DEV_IMAGE_EMBEDDER_CONFIG = {"num_queries": 128, "num_layers": 2}
+
+
+def dev_gen_parts(llm_hidden_size: int = 4096) -> dict:
+    """The DiT-side config.json entries of a MammothModa2-Dev-shaped checkpoint (no tensors): Preview's DiT with
+    ``is_image_embedder`` and a 128-query, 2-layer Q-Former inside it; no refiner beside it. Unverified sizes."""
+    parts = preview_gen_parts(llm_hidden_size)
+    parts["gen_dit_config"] = dict(parts["gen_dit_config"], is_image_embedder=True)
+    parts["gen_image_condition_refiner_config"] = dict(DEV_IMAGE_EMBEDDER_CONFIG)
+    parts["gen_condition_mode"] = DEV_CONDITION_MODE
+    return parts
+
+
+def dev_dit_config(llm_hidden_size: int = 4096) -> dict:
+    """``preview_dit_config`` for the Dev shapes: enough of a root config to build the Dev-shaped DiT stage."""
+    return {"llm_config": {"text_config": {"hidden_size": llm_hidden_size}}, **dev_gen_parts(llm_hidden_size)}
+
+
 def parameter_counts(config: dict) -> dict[str, int]:
-    """Parameters per DiT-stage component of a root config, counted on the meta device (nothing allocated)."""
+    """Parameters per DiT-stage component of a root config, counted on the meta device (nothing allocated). In the
+    Dev layout the Q-Former is part of ``gen_transformer``; its share is also given, under its own prefix, outside
+    ``total``."""
     dit, vae, refiner = build_modules(config)
     count = lambda m: 0 if m is None else sum(p.numel() for p in m.parameters())  # noqa: E731
     counts = {"gen_transformer": count(dit), "gen_vae": count(vae), "gen_image_condition_refiner": count(refiner)}
     counts["total"] = sum(counts.values())
+    if dit.is_image_embedder:
+        counts[IMAGE_EMBEDDER_PREFIX.rstrip(".")] = count(dit.time_caption_embed.image_embedder)
     return counts

@@ -3,6 +3,8 @@
 ``tiny_gen_parts`` returns the config.json entries (gen_dit_config, gen_vae_config, ...) and the tensors with their
 full checkpoint keys (``gen_transformer.*``, ``gen_vae.*``, ``gen_image_condition_refiner.*``); tools/make_tiny.py
 merges them with the AR's into one root, so tests load exactly the path a real checkpoint takes.
+``tiny_dev_gen_parts`` (``tiny_gen_parts(..., dev=True)``) is the same tiny DiT in the Dev layout: the Q-Former inside
+it (``gen_dit_config.is_image_embedder``, tensors under ``gen_transformer.time_caption_embed.image_embedder.*``).
 Deterministic: same arguments, same bytes.
 """
 
@@ -53,18 +55,31 @@ TINY_VAE_CONFIG: dict[str, Any] = {
 }
 
 TINY_REFINER_CONFIG = {"num_queries": 16, "num_layers": 2}
+#: The Dev layout's Q-Former inside the tiny DiT: 16 queries, 2 layers, max(1, 64 // 128) = 1 head of width 64.
+TINY_IMAGE_EMBEDDER_CONFIG = {"num_queries": 16, "num_layers": 2}
 
 SEED = 0
 
 
-def tiny_gen_parts(llm_hidden_size: int, with_refiner: bool = False) -> tuple[dict, dict[str, torch.Tensor]]:
+def tiny_gen_parts(
+    llm_hidden_size: int, with_refiner: bool = False, dev: bool = False
+) -> tuple[dict, dict[str, torch.Tensor]]:
     """(config.json entries, float32 tensors with full checkpoint keys) of the tiny DiT stage.
 
-    ``with_refiner`` adds a 16-query, 2-layer Q-Former image refiner (Preview has a 128-query one)."""
+    ``with_refiner`` adds a 16-query, 2-layer Q-Former image refiner beside the DiT (the Preview layout; Preview has a
+    128-query one). ``dev``: the Dev layout instead, a 16-query, 2-layer Q-Former inside the DiT
+    (``gen_dit_config.is_image_embedder``; ``gen_image_condition_refiner_config`` then sizes it)."""
+    if dev and with_refiner:
+        raise ValueError("the Dev layout has its Q-Former inside the DiT and no refiner beside it")
+    dit_config = dict(TINY_DIT_CONFIG, text_feat_dim=llm_hidden_size)
+    refiner_config = dict(TINY_REFINER_CONFIG) if with_refiner else None
+    if dev:
+        dit_config["is_image_embedder"] = True
+        refiner_config = dict(TINY_IMAGE_EMBEDDER_CONFIG)
     parts = {
-        "gen_dit_config": dict(TINY_DIT_CONFIG, text_feat_dim=llm_hidden_size),
+        "gen_dit_config": dit_config,
         "gen_vae_config": dict(TINY_VAE_CONFIG),
-        "gen_image_condition_refiner_config": dict(TINY_REFINER_CONFIG) if with_refiner else None,
+        "gen_image_condition_refiner_config": refiner_config,
         "gen_axes_dim_rope": list(TINY_DIT_CONFIG["axes_dim_rope"]),
         "gen_axes_lens": list(TINY_DIT_CONFIG["axes_lens"]),
         "gen_transport_config": {},
@@ -79,3 +94,8 @@ def tiny_gen_parts(llm_hidden_size: int, with_refiner: bool = False) -> tuple[di
         random_init_(materialize(module, "cpu", torch.float32), seed=SEED + i)
         tensors.update({prefix + name: t.detach().clone().contiguous() for name, t in module.state_dict().items()})
     return parts, tensors
+
+
+def tiny_dev_gen_parts(llm_hidden_size: int) -> tuple[dict, dict[str, torch.Tensor]]:
+    """``tiny_gen_parts`` in the Dev layout: the tiny DiT with its 16-query, 2-layer Q-Former inside it."""
+    return tiny_gen_parts(llm_hidden_size, dev=True)

@@ -5,11 +5,17 @@ Facts taken from the references (no code copied):
   diffusion_transformer.py`` (``Transformer2DModel``) and ``block_lumina2.py``; vllm-project/vllm-omni
   ``vllm_omni/diffusion/models/mammoth_moda2/mammothmoda2_dit_model.py``. Config fields: patch_size, in_channels,
   out_channels, hidden_size, num_layers, num_refiner_layers, num_attention_heads, num_kv_heads, multiple_of,
-  ffn_dim_multiplier, norm_eps, axes_dim_rope, axes_lens, text_feat_dim, timestep_scale (is_image_embedder only in
-  the Qwen3-VL "Dev" branch).
+  ffn_dim_multiplier, norm_eps, axes_dim_rope, axes_lens, text_feat_dim, timestep_scale, and is_image_embedder (the
+  Qwen3-VL "Dev" release: ``mamoda2/.../diffusion_transformer.py`` 271, 308).
 - ``time_caption_embed.caption_embedder`` is re-created by the pipeline as Sequential(RMSNorm(llm_hidden, eps 1e-5),
   Linear(llm_hidden -> hidden, bias)) (``modeling_mammothmoda2.py`` ``reinit_caption_embedder``), so its input width
   is the LLM hidden size, not ``text_feat_dim``.
+- Dev layout (``is_image_embedder``; main ``mamoda2/mammothmoda2/model/modeling_mammothmoda2.py`` 212-221,
+  ``block_lumina2.py`` 211-249, ``diffusion_transformer.py`` 622-638): ``time_caption_embed.image_embedder`` is a
+  Q-Former from the LLM's width to the DiT's (refiner.py), sized by the root config's
+  ``gen_image_condition_refiner_config``. The conditional branch's context is [caption_embedder(text rows) |
+  image_embedder(image rows)] with the Q-Former's tokens always valid; unconditional branches get
+  caption_embedder(negative rows) only. RoPE's caption length counts the Q-Former's tokens.
 - Block: diffusers-style Attention (to_q/to_k/to_v without bias, to_out.0 without bias, per-head RMSNorm
   norm_q/norm_k, GQA), SwiGLU feed_forward (linear_1, linear_3 gate/up, linear_2 down; inner = 4*dim scaled by
   ffn_dim_multiplier and rounded up to multiple_of: 10240 for dim 2520), norm1 = LuminaRMSNormZero (linear
@@ -278,9 +284,16 @@ class TransformerBlock(nn.Module):
 
 
 class TimeCaptionEmbed(nn.Module):
-    """``time_caption_embed``: sinusoidal timestep -> MLP, and the condition projection (caption_embedder)."""
+    """``time_caption_embed``: sinusoidal timestep -> MLP, the condition projection (caption_embedder) and, in the Dev
+    layout, the Q-Former image embedder (``image_embedder``: image-condition rows in the LLM's width -> query tokens in
+    the DiT's; block_lumina2.py 211-224, replaced at load by modeling_mammothmoda2.py 212-221)."""
 
-    def __init__(self, hidden_size: int, condition_dim: int, norm_eps: float, timestep_scale: float):
+    def __init__(
+        self, hidden_size: int, condition_dim: int, norm_eps: float, timestep_scale: float,
+        image_embedder_config: dict | None = None,
+    ):
+        """``image_embedder_config``: the root config's ``gen_image_condition_refiner_config`` when the DiT holds the
+        Q-Former (``is_image_embedder``); None: no image embedder (Preview)."""
         super().__init__()
         self.time_proj = Timesteps(
             num_channels=FREQUENCY_EMBEDDING_SIZE,
@@ -292,10 +305,17 @@ class TimeCaptionEmbed(nn.Module):
         self.timestep_embedder = TimestepEmbedding(in_channels=FREQUENCY_EMBEDDING_SIZE, time_embed_dim=min(hidden_size, 1024))
         # Upstream re-creates this with the LLM's hidden size (and RMSNorm eps 1e-5 regardless of norm_eps).
         self.caption_embedder = nn.Sequential(RMSNorm(condition_dim, eps=1e-5), nn.Linear(condition_dim, hidden_size, bias=True))
+        self.image_embedder: nn.Module | None = None
+        if image_embedder_config is not None:
+            from dit_service.model.refiner import ImageConditionRefiner  # refiner.py builds on this module's blocks
+
+            self.image_embedder = ImageConditionRefiner.image_embedder(image_embedder_config, condition_dim, hidden_size)
+
+    def timestep_embedding(self, timestep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return self.timestep_embedder(self.time_proj(timestep).to(dtype))
 
     def forward(self, timestep: torch.Tensor, condition: torch.Tensor, dtype: torch.dtype):
-        temb = self.timestep_embedder(self.time_proj(timestep).to(dtype))
-        return temb, self.caption_embedder(condition)
+        return self.timestep_embedding(timestep, dtype), self.caption_embedder(condition)
 
 
 class LayerNormContinuous(nn.Module):
@@ -313,7 +333,12 @@ class LayerNormContinuous(nn.Module):
 
 
 class MammothDiT(nn.Module):
-    """forward(latents [B,C,h,w], timestep t in [0,1] (0 = noise) [B], condition [B,L,llm_hidden], mask) -> velocity."""
+    """forward(latents [B,C,h,w], timestep t in [0,1] (0 = noise) [B], condition [B,L,D], lengths) -> velocity.
+
+    The condition a step takes (``step_condition_dim`` wide): the LLM's hidden states (D = llm_hidden), which the
+    step's caption embedder projects (Preview layout); or, with ``is_image_embedder`` (Dev layout), the context
+    already in the DiT's width (D = hidden_size): ``context`` computes it once per request from the text rows
+    (caption embedder) and the image rows (Q-Former), and every step reuses it."""
 
     CONFIG_FIELDS = (
         "patch_size", "in_channels", "out_channels", "hidden_size", "num_layers", "num_refiner_layers",
@@ -340,7 +365,10 @@ class MammothDiT(nn.Module):
         text_feat_dim: int = 1024,
         timestep_scale: float = 1.0,
         is_image_embedder: bool = False,
+        image_embedder_config: dict | None = None,
     ):
+        """``image_embedder_config``: with ``is_image_embedder``, the root config's
+        ``gen_image_condition_refiner_config`` (the Q-Former's size; None: its defaults, 128 queries and 2 layers)."""
         super().__init__()
         # Defaults are the reference class's; a checkpoint's gen_dit_config sets them all.
         if hidden_size // num_attention_heads != sum(axes_dim_rope):
@@ -350,15 +378,13 @@ class MammothDiT(nn.Module):
             )
         if any(d % 2 for d in axes_dim_rope) or num_attention_heads % num_kv_heads:
             raise ValueError("RoPE axes need even sizes and num_attention_heads must be a multiple of num_kv_heads")
-        if is_image_embedder:
-            raise NotImplementedError(
-                "gen_dit_config.is_image_embedder (the Qwen3-VL 'Dev' layout with a Q-Former inside the DiT) is not "
-                "served by ardit; MammothModa2-Preview keeps its refiner as gen_image_condition_refiner"
-            )
+        if image_embedder_config is not None and not is_image_embedder:
+            raise ValueError("image_embedder_config sizes the Q-Former inside the DiT: it needs is_image_embedder")
         del text_feat_dim  # replaced by the LLM hidden size (reinit_caption_embedder)
         self.patch_size, self.in_channels = patch_size, in_channels
         self.out_channels = out_channels or in_channels
         self.hidden_size = hidden_size
+        self.is_image_embedder = bool(is_image_embedder)
         self.axes_dim_rope = tuple(int(d) for d in axes_dim_rope)
         self.axes_lens = tuple(int(n) for n in axes_lens)
         patch_dim = patch_size * patch_size * in_channels
@@ -372,7 +398,9 @@ class MammothDiT(nn.Module):
 
         self.x_embedder = nn.Linear(patch_dim, hidden_size)
         self.ref_image_patch_embedder = nn.Linear(patch_dim, hidden_size)
-        self.time_caption_embed = TimeCaptionEmbed(hidden_size, condition_dim, norm_eps, timestep_scale)
+        # Dev: the Q-Former lives in time_caption_embed (block_lumina2.py 211-224; modeling_mammothmoda2.py 212-221).
+        embedder_config = (image_embedder_config or {}) if self.is_image_embedder else None
+        self.time_caption_embed = TimeCaptionEmbed(hidden_size, condition_dim, norm_eps, timestep_scale, embedder_config)
         self.noise_refiner = blocks(num_refiner_layers, True)
         self.ref_image_refiner = blocks(num_refiner_layers, True)
         self.context_refiner = blocks(num_refiner_layers, False)
@@ -384,16 +412,61 @@ class MammothDiT(nn.Module):
         self.pack_samples = False
 
     @classmethod
-    def from_config(cls, config: dict, condition_dim: int) -> MammothDiT:
+    def from_config(cls, config: dict, condition_dim: int, image_embedder_config: dict | None = None) -> MammothDiT:
+        """``image_embedder_config``: the root config's ``gen_image_condition_refiner_config``, for a DiT with
+        ``is_image_embedder`` (Dev)."""
         known = {k: v for k, v in config.items() if not k.startswith("_")}
         unknown = set(known) - set(cls.CONFIG_FIELDS)
         if unknown:
             raise ValueError(f"gen_dit_config has fields this DiT does not know: {sorted(unknown)}")
-        return cls(condition_dim=condition_dim, **known)
+        return cls(condition_dim=condition_dim, image_embedder_config=image_embedder_config, **known)
 
     @property
     def dtype(self) -> torch.dtype:
         return self.x_embedder.weight.dtype
+
+    @property
+    def condition_dim(self) -> int:
+        """Width of the AR's condition rows: the caption embedder's (and the Q-Former's) input, the LLM hidden size."""
+        projection = self.time_caption_embed.caption_embedder[1]
+        assert isinstance(projection, nn.Linear)  # caption_embedder is Sequential(RMSNorm, Linear)
+        return projection.in_features
+
+    @property
+    def step_condition_dim(self) -> int:
+        """Width of the condition ``forward`` takes: the LLM's (Preview), or the DiT's for the Dev layout's context."""
+        return self.hidden_size if self.is_image_embedder else self.condition_dim
+
+    def context(self, text: torch.Tensor | None, image: torch.Tensor | None) -> torch.Tensor:
+        """The Dev layout's context for one request: [caption_embedder(text) | image_embedder(image)], [L + Q, hidden]
+        in the model dtype (diffusion_transformer.py 622-638). ``text`` [L, llm_hidden] (None: no text part; 0 rows:
+        an empty one), ``image`` [M >= 1, llm_hidden] (None: no Q-Former tokens, as every unconditional branch,
+        t2i_utils.py 228-244 and 253-260). The Q-Former's tokens are always valid (mask of ones, 630-634), and the
+        rows are one sample's, so nothing is padded (the released code puts a padded text batch's pads inside the
+        first cap_len rows; one request at a time it has none).
+
+        The released code runs the Q-Former inside every DiT call (block_lumina2.py 244-245, from
+        diffusion_transformer.py 622-628, once per step and branch: t2i_utils.py 214-223); its output depends on
+        the request's image condition alone, so it is computed here once per request (and the caption embedding
+        with it) and the steps reuse the result."""
+        if not self.is_image_embedder:
+            raise ValueError("context is the Dev layout's (is_image_embedder); this DiT embeds its condition each step")
+        embed = self.time_caption_embed
+        dtype, device = self.dtype, self.x_embedder.weight.device
+        parts = []
+        if text is not None:
+            parts.append(embed.caption_embedder(text.to(device=device, dtype=dtype)))
+        if image is not None:
+            if image.ndim != 2 or image.shape[0] == 0:
+                raise ValueError(
+                    "the Q-Former needs at least one image-condition row [positions >= 1, llm_hidden]; got "
+                    f"{tuple(image.shape)}"
+                )
+            assert embed.image_embedder is not None  # built with is_image_embedder
+            parts.append(embed.image_embedder(image.to(device=device, dtype=dtype)[None])[0])
+        if not parts:
+            return torch.zeros(0, self.hidden_size, device=device, dtype=dtype)
+        return torch.cat(parts, dim=0)
 
     # -- token layout -------------------------------------------------------------------------------------------
 
@@ -440,8 +513,7 @@ class MammothDiT(nn.Module):
             raise ValueError(f"cache_indicator takes one sample; got a batch of {latents.shape[0]}")
         device, dtype = latents.device, self.dtype
         t = F.pad(timestep.to(device=device, dtype=dtype).reshape(-1)[:1], (0, _rows(1) - 1))
-        embed = self.time_caption_embed
-        temb = embed.timestep_embedder(embed.time_proj(t).to(dtype))
+        temb = self.time_caption_embed.timestep_embedding(t, dtype)
         tokens = self._patchify(latents.to(dtype))
         n_img = tokens.shape[1]
         img = self.x_embedder(F.pad(tokens, (0, 0, 0, _rows(n_img) - n_img)))
@@ -458,7 +530,8 @@ class MammothDiT(nn.Module):
         condition: torch.Tensor,
         condition_lengths: Sequence[int] | None = None,
     ) -> torch.Tensor:
-        """latents [B,C,h,w], timestep [B], condition [B,L,condition_dim]; sample i uses condition[i, :lengths[i]]."""
+        """latents [B,C,h,w], timestep [B], condition [B,L,step_condition_dim]; sample i uses condition[i, :lengths[i]]
+        (in the Dev layout the rows are the context, Q-Former tokens included: RoPE's caption length counts them)."""
         b, _, h, w = latents.shape
         p = self.patch_size
         if h % p or w % p:
@@ -469,6 +542,8 @@ class MammothDiT(nn.Module):
         lengths = [max_cond] * b if condition_lengths is None else [int(n) for n in condition_lengths]
         if len(lengths) != b or any(not 0 <= n <= max_cond for n in lengths):
             raise ValueError(f"condition_lengths {lengths} do not fit a batch of {b} with {max_cond} positions")
+        if condition.shape[-1] != self.step_condition_dim:
+            raise ValueError(f"condition rows must be {self.step_condition_dim} wide; got {condition.shape[-1]}")
         device, dtype = latents.device, self.dtype
 
         timestep = timestep.to(device=device, dtype=dtype).reshape(-1)
@@ -484,7 +559,10 @@ class MammothDiT(nn.Module):
         # different kernel for a handful of rows, and a padded CFG batch must see the same kernels as a batch of one.
         cond_rows = _rows(max_cond) if max_cond > 0 else 0
         condition = F.pad(condition.to(device=device, dtype=dtype), (0, 0, 0, cond_rows - max_cond))
-        temb, cond = self.time_caption_embed(timestep, condition, dtype)
+        if self.is_image_embedder:  # the context, embedded once per request (``context``)
+            temb, cond = self.time_caption_embed.timestep_embedding(timestep, dtype), condition
+        else:
+            temb, cond = self.time_caption_embed(timestep, condition, dtype)
 
         # Positions (rope_real.py): caption j -> (j, j, j); image patch -> (L_i, row, col).
         cap_pos = torch.arange(cond_rows, device=device)[None, :, None].expand(b, cond_rows, 3)
@@ -549,16 +627,18 @@ def quantize_fp8_(model: MammothDiT) -> int:
 
     These hold ~all of a denoise step's FLOPs (at 1024x1024 each of ~8k tokens passes 20+ blocks). Left in bf16:
     the patch embedder (K = 64), the caption projection (once per step over the condition rows, well under 1% of a
-    step), the timestep embedder, the modulation linears and norm_out (a few rows each: bound by their weight
-    reads, not by tensor-core rate) and attention itself (softmax(QK^T)V stays bf16 SDPA)."""
+    step; in the Dev layout once per request, with the Q-Former image embedder), the timestep embedder, the
+    modulation linears and norm_out (a few rows each: bound by their weight reads, not by tensor-core rate) and
+    attention itself (softmax(QK^T)V stays bf16 SDPA)."""
     names = [f"{group}.{i}.{leaf}" for group in ("context_refiner", "noise_refiner", "ref_image_refiner", "layers")
              for i in range(len(getattr(model, group))) for leaf in BLOCK_FP8_LINEARS]
     return quantize_linears_(model, names, "dynamic", fp8_kernels.quantize_rows)
 
 
-def dit_parameter_count(config: dict, condition_dim: int) -> int:
-    """Parameters of the DiT a gen_dit_config describes, without allocating it (meta device)."""
+def dit_parameter_count(config: dict, condition_dim: int, image_embedder_config: dict | None = None) -> int:
+    """Parameters of the DiT a gen_dit_config describes (its Q-Former included in the Dev layout), without allocating
+    it (meta device)."""
     with torch.device("meta"):
-        model = MammothDiT.from_config(config, condition_dim)
+        model = MammothDiT.from_config(config, condition_dim, image_embedder_config)
     return sum(p.numel() for p in model.parameters())
 

@@ -12,13 +12,18 @@ from dit_service.model.tiny import tiny_gen_parts
 from servicekit.checkpoint import open_checkpoint, save_tensors
 
 CONDITION_DIM = 64
+#: The tiny Dev DiT's LLM width: unlike the Preview tiny's, not the DiT's 64, so that a row of the wrong width fails.
+DEV_CONDITION_DIM = 48
 
 
-def write_root(root, with_refiner: bool = False, mutate=None):
-    """A checkpoint root holding only the DiT-stage parts (the AR's are not needed to open it)."""
-    parts, tensors = tiny_gen_parts(CONDITION_DIM, with_refiner=with_refiner)
+def write_root(root, with_refiner: bool = False, mutate=None, dev: bool = False):
+    """A checkpoint root holding only the DiT-stage parts (the AR's are not needed to open it); ``dev``: the tiny DiT
+    in the Dev layout (Q-Former inside it) behind a Qwen3-VL llm_config of width DEV_CONDITION_DIM."""
+    width = DEV_CONDITION_DIM if dev else CONDITION_DIM
+    parts, tensors = tiny_gen_parts(width, with_refiner=with_refiner, dev=dev)
+    llm_type = "mammothmoda2_qwen3_vl" if dev else "mammothmoda2_qwen2_5_vl"
     config = {"model_type": "mammothmoda2", "architectures": ["Mammothmoda2Model"],
-              "llm_config": {"model_type": "mammothmoda2_qwen2_5_vl", "text_config": {"hidden_size": CONDITION_DIM}},
+              "llm_config": {"model_type": llm_type, "text_config": {"hidden_size": width}},
               **parts}
     if mutate is not None:
         mutate(config, tensors)
@@ -35,6 +40,16 @@ def tiny_root(tmp_path_factory):
 @pytest.fixture(scope="session")
 def refiner_root(tmp_path_factory):
     return write_root(tmp_path_factory.mktemp("tiny_dit_refiner"), with_refiner=True)
+
+
+@pytest.fixture(scope="session")
+def dev_root(tmp_path_factory):
+    return write_root(tmp_path_factory.mktemp("tiny_dit_dev"), dev=True)
+
+
+@pytest.fixture(scope="session")
+def dev_pipeline(dev_root):
+    return DiTPipeline.from_checkpoint(open_checkpoint(dev_root))
 
 
 @pytest.fixture(scope="session")

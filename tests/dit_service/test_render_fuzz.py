@@ -38,8 +38,12 @@ class FakePipeline:
 
     size_multiple = 16
     condition_dim = HIDDEN
+    requires_image_condition = False
 
-    def start_entry(self, *, width, height, **_):
+    def branch_conditions(self, **_):
+        return None
+
+    def start_prepared_entry(self, conditions, *, width, height, **_):
         return SimpleNamespace(latents=(width, height), step=0, steps=1, rows=0, done=False, computed_steps=0,
                                skipped_steps=0)
 

@@ -1,4 +1,3 @@
-import pytest
 import torch
 
 from dit_service.model.transformer import apply_rope, ffn_inner_dim, rope_tables
@@ -77,11 +76,3 @@ def test_output_depends_on_time_and_condition(pipeline, text):
     b = pipeline.transformer(latents, t * 0.5, text[None])
     c = pipeline.transformer(latents, t, text[None].flip(1))
     assert not torch.allclose(a, b) and not torch.allclose(a, c)
-
-
-def test_dev_layout_is_refused_plainly():
-    from dit_service.model.transformer import MammothDiT
-
-    with pytest.raises(NotImplementedError, match="is_image_embedder"):
-        MammothDiT(condition_dim=8, hidden_size=64, num_attention_heads=2, num_kv_heads=1,
-                   axes_dim_rope=(8, 12, 12), is_image_embedder=True)
