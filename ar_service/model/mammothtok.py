@@ -40,7 +40,10 @@ squares run in float32 but the ``einsum`` for ``z.e`` runs in bf16 and its resul
 2^-8 .. 2^-7 near 1), so near-ties between codes are settled by rounding. ardit computes the whole distance in
 float32 by default (the nearest code as the formula means it); ``encode(..., released_bf16_distances=True)``
 rounds the normalised vectors and the cross term to bf16 as the autocast run does, for parity checks against codes
-the released code produced.
+the released code produced. Measured on an H100 (random weights, width 128, 2 blocks, the released 16384 x 8
+codebook, a 448 x 308 image pair, 1408 codes): this module in bf16 without autocast gives ``quant_conv`` outputs
+bit-identical to the released op sequence under bf16 autocast; ``released_bf16_distances=True`` then gives the
+released codes exactly, and the float32 default differs from them on 6.4% of the codes.
 """
 
 from __future__ import annotations
