@@ -26,7 +26,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from protos import common_pb2 as protos_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0fprotos/ar.proto\x12\x08\x61rdit.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x13protos/common.proto\"\xb8\x03\n\x14GenerateImageRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x17\n\x0fnegative_prompt\x18\x04 \x01(\t\x12\r\n\x05width\x18\x05 \x01(\r\x12\x0e\n\x06height\x18\x06 \x01(\r\x12\t\n\x01n\x18\x07 \x01(\r\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x00\x88\x01\x01\x12-\n\routput_format\x18\t \x01(\x0e\x32\x16.ardit.v1.OutputFormat\x12\x1f\n\x12output_compression\x18\n \x01(\rH\x01\x88\x01\x01\x12\x0f\n\x07quality\x18\x0b \x01(\t\x12\x38\n\x05knobs\x18\x0c \x03(\x0b\x32).ardit.v1.GenerateImageRequest.KnobsEntry\x12\x16\n\x0epartial_images\x18\r \x01(\r\x1a\x44\n\nKnobsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value:\x02\x38\x01\x42\x07\n\x05_seedB\x15\n\x13_output_compression\"\xbb\x02\n\x15GenerateImageResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12(\n\x06images\x18\x03 \x03(\x0b\x32\x18.ardit.v1.GeneratedImage\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\r\n\x05width\x18\x05 \x01(\r\x12\x0e\n\x06height\x18\x06 \x01(\r\x12\'\n\x07timings\x18\x07 \x01(\x0b\x32\x16.ardit.v1.StageTimings\x12\x39\n\x05knobs\x18\x08 \x03(\x0b\x32*.ardit.v1.GenerateImageResponse.KnobsEntry\x1a\x44\n\nKnobsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value:\x02\x38\x01\"\xf5\x01\n\nImageEvent\x12&\n\x08progress\x18\x01 \x01(\x0b\x32\x12.ardit.v1.ProgressH\x00\x12)\n\x05image\x18\x02 \x01(\x0b\x32\x18.ardit.v1.GeneratedImageH\x00\x12\x34\n\tcompleted\x18\x03 \x01(\x0b\x32\x1f.ardit.v1.GenerateImageResponseH\x00\x12*\n\x07started\x18\x04 \x01(\x0b\x32\x17.ardit.v1.StreamStartedH\x00\x12)\n\x07preview\x18\x05 \x01(\x0b\x32\x16.ardit.v1.PreviewImageH\x00\x42\x07\n\x05\x65vent\"\xa3\x02\n\rStreamStarted\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\r\n\x05width\x18\x04 \x01(\r\x12\x0e\n\x06height\x18\x05 \x01(\r\x12\t\n\x01n\x18\x06 \x01(\r\x12\x31\n\x05knobs\x18\x07 \x03(\x0b\x32\".ardit.v1.StreamStarted.KnobsEntry\x12\x15\n\rprompt_tokens\x18\x08 \x01(\r\x12\x14\n\x0cimage_tokens\x18\t \x01(\r\x12\x11\n\tgrid_rows\x18\n \x01(\r\x1a\x44\n\nKnobsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value:\x02\x38\x01\"v\n\x0eVisualTokenRow\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12\x12\n\ngrid_width\x18\x03 \x01(\r\x12\x13\n\x0bgrid_height\x18\x04 \x01(\r\x12\x0b\n\x03row\x18\x05 \x01(\r\x12\x11\n\ttoken_ids\x18\x06 \x03(\x03\"\x13\n\x11ListModelsRequest\"\xb9\x01\n\x08KnobSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\'\n\x07\x64\x65\x66\x61ult\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x14\n\x07minimum\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x14\n\x07maximum\x18\x05 \x01(\x01H\x01\x88\x01\x01\x12\x0f\n\x07\x63hoices\x18\x06 \x03(\t\x12\x13\n\x0b\x64\x65scription\x18\x07 \x01(\tB\n\n\x08_minimumB\n\n\x08_maximum\"B\n\x08GridRule\x12\x0c\n\x04rule\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\r\x12\x18\n\x10pixels_per_token\x18\x03 \x01(\r\"\xf7\x02\n\tModelCard\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x02 \x01(\t\x12\x15\n\rdefault_width\x18\x03 \x01(\r\x12\x16\n\x0e\x64\x65\x66\x61ult_height\x18\x04 \x01(\r\x12\x10\n\x08max_side\x18\x05 \x01(\r\x12\x15\n\rsize_multiple\x18\x06 \x01(\r\x12\x19\n\x11max_prompt_tokens\x18\x07 \x01(\r\x12!\n\x05knobs\x18\x08 \x03(\x0b\x32\x12.ardit.v1.KnobSpec\x12<\n\rquality_steps\x18\t \x03(\x0b\x32%.ardit.v1.ModelCard.QualityStepsEntry\x12\x13\n\x0bmax_upscale\x18\n \x01(\r\x12 \n\x04grid\x18\x0b \x01(\x0b\x32\x12.ardit.v1.GridRule\x12\x0e\n\x06member\x18\x0c \x01(\t\x1a\x33\n\x11QualityStepsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"9\n\x12ListModelsResponse\x12#\n\x06models\x18\x01 \x03(\x0b\x32\x13.ardit.v1.ModelCard2\x87\x03\n\x0eImageGenerator\x12P\n\rGenerateImage\x12\x1e.ardit.v1.GenerateImageRequest\x1a\x1f.ardit.v1.GenerateImageResponse\x12\x45\n\x0bStreamImage\x12\x1e.ardit.v1.GenerateImageRequest\x1a\x14.ardit.v1.ImageEvent0\x01\x12R\n\x14GenerateVisualTokens\x12\x1e.ardit.v1.GenerateImageRequest\x1a\x18.ardit.v1.VisualTokenRow0\x01\x12G\n\nListModels\x12\x1b.ardit.v1.ListModelsRequest\x1a\x1c.ardit.v1.ListModelsResponse\x12?\n\tGetStatus\x12\x1a.ardit.v1.GetStatusRequest\x1a\x16.ardit.v1.EngineStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0fprotos/ar.proto\x12\x08\x61rdit.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x13protos/common.proto\"\xb8\x03\n\x14GenerateImageRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x17\n\x0fnegative_prompt\x18\x04 \x01(\t\x12\r\n\x05width\x18\x05 \x01(\r\x12\x0e\n\x06height\x18\x06 \x01(\r\x12\t\n\x01n\x18\x07 \x01(\r\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x00\x88\x01\x01\x12-\n\routput_format\x18\t \x01(\x0e\x32\x16.ardit.v1.OutputFormat\x12\x1f\n\x12output_compression\x18\n \x01(\rH\x01\x88\x01\x01\x12\x0f\n\x07quality\x18\x0b \x01(\t\x12\x38\n\x05knobs\x18\x0c \x03(\x0b\x32).ardit.v1.GenerateImageRequest.KnobsEntry\x12\x16\n\x0epartial_images\x18\r \x01(\r\x1a\x44\n\nKnobsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value:\x02\x38\x01\x42\x07\n\x05_seedB\x15\n\x13_output_compression\"s\n\x0e\x45\x64itImageInput\x12\x31\n\x07request\x18\x01 \x01(\x0b\x32\x1e.ardit.v1.GenerateImageRequestH\x00\x12%\n\x05image\x18\x02 \x01(\x0b\x32\x14.ardit.v1.ImageChunkH\x00\x42\x07\n\x05input\"\xbb\x02\n\x15GenerateImageResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12(\n\x06images\x18\x03 \x03(\x0b\x32\x18.ardit.v1.GeneratedImage\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\r\n\x05width\x18\x05 \x01(\r\x12\x0e\n\x06height\x18\x06 \x01(\r\x12\'\n\x07timings\x18\x07 \x01(\x0b\x32\x16.ardit.v1.StageTimings\x12\x39\n\x05knobs\x18\x08 \x03(\x0b\x32*.ardit.v1.GenerateImageResponse.KnobsEntry\x1a\x44\n\nKnobsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value:\x02\x38\x01\"\xf5\x01\n\nImageEvent\x12&\n\x08progress\x18\x01 \x01(\x0b\x32\x12.ardit.v1.ProgressH\x00\x12)\n\x05image\x18\x02 \x01(\x0b\x32\x18.ardit.v1.GeneratedImageH\x00\x12\x34\n\tcompleted\x18\x03 \x01(\x0b\x32\x1f.ardit.v1.GenerateImageResponseH\x00\x12*\n\x07started\x18\x04 \x01(\x0b\x32\x17.ardit.v1.StreamStartedH\x00\x12)\n\x07preview\x18\x05 \x01(\x0b\x32\x16.ardit.v1.PreviewImageH\x00\x42\x07\n\x05\x65vent\"\xa3\x02\n\rStreamStarted\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\r\n\x05width\x18\x04 \x01(\r\x12\x0e\n\x06height\x18\x05 \x01(\r\x12\t\n\x01n\x18\x06 \x01(\r\x12\x31\n\x05knobs\x18\x07 \x03(\x0b\x32\".ardit.v1.StreamStarted.KnobsEntry\x12\x15\n\rprompt_tokens\x18\x08 \x01(\r\x12\x14\n\x0cimage_tokens\x18\t \x01(\r\x12\x11\n\tgrid_rows\x18\n \x01(\r\x1a\x44\n\nKnobsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value:\x02\x38\x01\"v\n\x0eVisualTokenRow\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12\x12\n\ngrid_width\x18\x03 \x01(\r\x12\x13\n\x0bgrid_height\x18\x04 \x01(\r\x12\x0b\n\x03row\x18\x05 \x01(\r\x12\x11\n\ttoken_ids\x18\x06 \x03(\x03\"\x13\n\x11ListModelsRequest\"\xb9\x01\n\x08KnobSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\'\n\x07\x64\x65\x66\x61ult\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x14\n\x07minimum\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x14\n\x07maximum\x18\x05 \x01(\x01H\x01\x88\x01\x01\x12\x0f\n\x07\x63hoices\x18\x06 \x03(\t\x12\x13\n\x0b\x64\x65scription\x18\x07 \x01(\tB\n\n\x08_minimumB\n\n\x08_maximum\"B\n\x08GridRule\x12\x0c\n\x04rule\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\r\x12\x18\n\x10pixels_per_token\x18\x03 \x01(\r\"\xf7\x02\n\tModelCard\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06\x66\x61mily\x18\x02 \x01(\t\x12\x15\n\rdefault_width\x18\x03 \x01(\r\x12\x16\n\x0e\x64\x65\x66\x61ult_height\x18\x04 \x01(\r\x12\x10\n\x08max_side\x18\x05 \x01(\r\x12\x15\n\rsize_multiple\x18\x06 \x01(\r\x12\x19\n\x11max_prompt_tokens\x18\x07 \x01(\r\x12!\n\x05knobs\x18\x08 \x03(\x0b\x32\x12.ardit.v1.KnobSpec\x12<\n\rquality_steps\x18\t \x03(\x0b\x32%.ardit.v1.ModelCard.QualityStepsEntry\x12\x13\n\x0bmax_upscale\x18\n \x01(\r\x12 \n\x04grid\x18\x0b \x01(\x0b\x32\x12.ardit.v1.GridRule\x12\x0e\n\x06member\x18\x0c \x01(\t\x1a\x33\n\x11QualityStepsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"9\n\x12ListModelsResponse\x12#\n\x06models\x18\x01 \x03(\x0b\x32\x13.ardit.v1.ModelCard2\xc8\x03\n\x0eImageGenerator\x12P\n\rGenerateImage\x12\x1e.ardit.v1.GenerateImageRequest\x1a\x1f.ardit.v1.GenerateImageResponse\x12\x45\n\x0bStreamImage\x12\x1e.ardit.v1.GenerateImageRequest\x1a\x14.ardit.v1.ImageEvent0\x01\x12?\n\tEditImage\x12\x18.ardit.v1.EditImageInput\x1a\x14.ardit.v1.ImageEvent(\x01\x30\x01\x12R\n\x14GenerateVisualTokens\x12\x1e.ardit.v1.GenerateImageRequest\x1a\x18.ardit.v1.VisualTokenRow0\x01\x12G\n\nListModels\x12\x1b.ardit.v1.ListModelsRequest\x1a\x1c.ardit.v1.ListModelsResponse\x12?\n\tGetStatus\x12\x1a.ardit.v1.GetStatusRequest\x1a\x16.ardit.v1.EngineStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,30 +45,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATEIMAGEREQUEST']._serialized_end=521
   _globals['_GENERATEIMAGEREQUEST_KNOBSENTRY']._serialized_start=421
   _globals['_GENERATEIMAGEREQUEST_KNOBSENTRY']._serialized_end=489
-  _globals['_GENERATEIMAGERESPONSE']._serialized_start=524
-  _globals['_GENERATEIMAGERESPONSE']._serialized_end=839
+  _globals['_EDITIMAGEINPUT']._serialized_start=523
+  _globals['_EDITIMAGEINPUT']._serialized_end=638
+  _globals['_GENERATEIMAGERESPONSE']._serialized_start=641
+  _globals['_GENERATEIMAGERESPONSE']._serialized_end=956
   _globals['_GENERATEIMAGERESPONSE_KNOBSENTRY']._serialized_start=421
   _globals['_GENERATEIMAGERESPONSE_KNOBSENTRY']._serialized_end=489
-  _globals['_IMAGEEVENT']._serialized_start=842
-  _globals['_IMAGEEVENT']._serialized_end=1087
-  _globals['_STREAMSTARTED']._serialized_start=1090
-  _globals['_STREAMSTARTED']._serialized_end=1381
+  _globals['_IMAGEEVENT']._serialized_start=959
+  _globals['_IMAGEEVENT']._serialized_end=1204
+  _globals['_STREAMSTARTED']._serialized_start=1207
+  _globals['_STREAMSTARTED']._serialized_end=1498
   _globals['_STREAMSTARTED_KNOBSENTRY']._serialized_start=421
   _globals['_STREAMSTARTED_KNOBSENTRY']._serialized_end=489
-  _globals['_VISUALTOKENROW']._serialized_start=1383
-  _globals['_VISUALTOKENROW']._serialized_end=1501
-  _globals['_LISTMODELSREQUEST']._serialized_start=1503
-  _globals['_LISTMODELSREQUEST']._serialized_end=1522
-  _globals['_KNOBSPEC']._serialized_start=1525
-  _globals['_KNOBSPEC']._serialized_end=1710
-  _globals['_GRIDRULE']._serialized_start=1712
-  _globals['_GRIDRULE']._serialized_end=1778
-  _globals['_MODELCARD']._serialized_start=1781
-  _globals['_MODELCARD']._serialized_end=2156
-  _globals['_MODELCARD_QUALITYSTEPSENTRY']._serialized_start=2105
-  _globals['_MODELCARD_QUALITYSTEPSENTRY']._serialized_end=2156
-  _globals['_LISTMODELSRESPONSE']._serialized_start=2158
-  _globals['_LISTMODELSRESPONSE']._serialized_end=2215
-  _globals['_IMAGEGENERATOR']._serialized_start=2218
-  _globals['_IMAGEGENERATOR']._serialized_end=2609
+  _globals['_VISUALTOKENROW']._serialized_start=1500
+  _globals['_VISUALTOKENROW']._serialized_end=1618
+  _globals['_LISTMODELSREQUEST']._serialized_start=1620
+  _globals['_LISTMODELSREQUEST']._serialized_end=1639
+  _globals['_KNOBSPEC']._serialized_start=1642
+  _globals['_KNOBSPEC']._serialized_end=1827
+  _globals['_GRIDRULE']._serialized_start=1829
+  _globals['_GRIDRULE']._serialized_end=1895
+  _globals['_MODELCARD']._serialized_start=1898
+  _globals['_MODELCARD']._serialized_end=2273
+  _globals['_MODELCARD_QUALITYSTEPSENTRY']._serialized_start=2222
+  _globals['_MODELCARD_QUALITYSTEPSENTRY']._serialized_end=2273
+  _globals['_LISTMODELSRESPONSE']._serialized_start=2275
+  _globals['_LISTMODELSRESPONSE']._serialized_end=2332
+  _globals['_IMAGEGENERATOR']._serialized_start=2335
+  _globals['_IMAGEGENERATOR']._serialized_end=2791
 # @@protoc_insertion_point(module_scope)

@@ -45,6 +45,14 @@ class GenerateImageRequest(_message.Message):
     partial_images: int
     def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., prompt: _Optional[str] = ..., negative_prompt: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., n: _Optional[int] = ..., seed: _Optional[int] = ..., output_format: _Optional[_Union[_common_pb2.OutputFormat, str]] = ..., output_compression: _Optional[int] = ..., quality: _Optional[str] = ..., knobs: _Optional[_Mapping[str, _struct_pb2.Value]] = ..., partial_images: _Optional[int] = ...) -> None: ...
 
+class EditImageInput(_message.Message):
+    __slots__ = ("request", "image")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    request: GenerateImageRequest
+    image: _common_pb2.ImageChunk
+    def __init__(self, request: _Optional[_Union[GenerateImageRequest, _Mapping]] = ..., image: _Optional[_Union[_common_pb2.ImageChunk, _Mapping]] = ...) -> None: ...
+
 class GenerateImageResponse(_message.Message):
     __slots__ = ("request_id", "model", "images", "seed", "width", "height", "timings", "knobs")
     class KnobsEntry(_message.Message):

@@ -45,6 +45,11 @@ class ImageGeneratorStub:
                 request_serializer=protos_dot_ar__pb2.GenerateImageRequest.SerializeToString,
                 response_deserializer=protos_dot_ar__pb2.ImageEvent.FromString,
                 _registered_method=True)
+        self.EditImage = channel.stream_stream(
+                '/ardit.v1.ImageGenerator/EditImage',
+                request_serializer=protos_dot_ar__pb2.EditImageInput.SerializeToString,
+                response_deserializer=protos_dot_ar__pb2.ImageEvent.FromString,
+                _registered_method=True)
         self.GenerateVisualTokens = channel.unary_stream(
                 '/ardit.v1.ImageGenerator/GenerateVisualTokens',
                 request_serializer=protos_dot_ar__pb2.GenerateImageRequest.SerializeToString,
@@ -75,6 +80,14 @@ class ImageGeneratorServicer:
     def StreamImage(self, request, context):
         """The same pipeline, answering with progress events, each image as it is
         finished, and a final summary.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EditImage(self, request_iterator, context):
+        """Edits input images (a model that edits: MammothModa2-Dev): the request first, then each input image's file in
+        pieces; answers as StreamImage does. The output takes the (last) input image's size unless the request sets one.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -112,6 +125,11 @@ def add_ImageGeneratorServicer_to_server(servicer, server):
             'StreamImage': grpc.unary_stream_rpc_method_handler(
                     servicer.StreamImage,
                     request_deserializer=protos_dot_ar__pb2.GenerateImageRequest.FromString,
+                    response_serializer=protos_dot_ar__pb2.ImageEvent.SerializeToString,
+            ),
+            'EditImage': grpc.stream_stream_rpc_method_handler(
+                    servicer.EditImage,
+                    request_deserializer=protos_dot_ar__pb2.EditImageInput.FromString,
                     response_serializer=protos_dot_ar__pb2.ImageEvent.SerializeToString,
             ),
             'GenerateVisualTokens': grpc.unary_stream_rpc_method_handler(
@@ -183,6 +201,33 @@ class ImageGenerator:
             target,
             '/ardit.v1.ImageGenerator/StreamImage',
             protos_dot_ar__pb2.GenerateImageRequest.SerializeToString,
+            protos_dot_ar__pb2.ImageEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EditImage(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/ardit.v1.ImageGenerator/EditImage',
+            protos_dot_ar__pb2.EditImageInput.SerializeToString,
             protos_dot_ar__pb2.ImageEvent.FromString,
             options,
             channel_credentials,

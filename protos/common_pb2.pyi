@@ -149,3 +149,13 @@ class EngineStatus(_message.Message):
     batched_steps_total: int
     render_fault: str
     def __init__(self, queued: _Optional[int] = ..., running: _Optional[int] = ..., queue_capacity: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., admitted_total: _Optional[int] = ..., rejected_total: _Optional[int] = ..., cancelled_total: _Optional[int] = ..., completed_total: _Optional[int] = ..., largest_batch: _Optional[int] = ..., batched_steps_total: _Optional[int] = ..., render_fault: _Optional[str] = ...) -> None: ...
+
+class ImageChunk(_message.Message):
+    __slots__ = ("index", "data", "last")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    data: bytes
+    last: bool
+    def __init__(self, index: _Optional[int] = ..., data: _Optional[bytes] = ..., last: _Optional[bool] = ...) -> None: ...

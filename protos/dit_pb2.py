@@ -26,7 +26,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from protos import common_pb2 as protos_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10protos/dit.proto\x12\x08\x61rdit.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x13protos/common.proto\"\x8f\x01\n\x0bRenderInput\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.ardit.v1.RenderHeaderH\x00\x12)\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x18.ardit.v1.ConditionChunkH\x00\x12\"\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x13.ardit.v1.RenderEndH\x00\x42\x07\n\x05input\"\x9f\x04\n\x0cRenderHeader\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05width\x18\x02 \x01(\r\x12\x0e\n\x06height\x18\x03 \x01(\r\x12\t\n\x01n\x18\x04 \x01(\r\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12-\n\routput_format\x18\x06 \x01(\x0e\x32\x16.ardit.v1.OutputFormat\x12\x1f\n\x12output_compression\x18\x07 \x01(\rH\x01\x88\x01\x01\x12\x30\n\x05knobs\x18\x08 \x03(\x0b\x32!.ardit.v1.RenderHeader.KnobsEntry\x12\x13\n\x0bhidden_size\x18\t \x01(\r\x12\r\n\x05\x64type\x18\n \x01(\t\x12\x16\n\x0etext_positions\x18\x0b \x01(\r\x12\x17\n\x0fimage_positions\x18\x0c \x01(\r\x12\x1a\n\x12negative_positions\x18\r \x01(\r\x12\x14\n\x0cindex_offset\x18\x0e \x01(\r\x12\x16\n\x0epartial_images\x18\x0f \x01(\r\x12&\n\x05model\x18\x10 \x01(\x0b\x32\x17.ardit.v1.ModelIdentity\x12\x0f\n\x07upscale\x18\x11 \x01(\r\x1a\x44\n\nKnobsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value:\x02\x38\x01\x42\x07\n\x05_seedB\x15\n\x13_output_compression\"p\n\x0e\x43onditionChunk\x12%\n\x04kind\x18\x01 \x01(\x0e\x32\x17.ardit.v1.ConditionKind\x12\x0e\n\x06offset\x18\x02 \x01(\r\x12\'\n\rhidden_states\x18\x03 \x01(\x0b\x32\x10.ardit.v1.Tensor\"\x0b\n\tRenderEnd\"\xc2\x01\n\x0bRenderEvent\x12&\n\x08progress\x18\x01 \x01(\x0b\x32\x12.ardit.v1.ProgressH\x00\x12)\n\x05image\x18\x02 \x01(\x0b\x32\x18.ardit.v1.GeneratedImageH\x00\x12,\n\tcompleted\x18\x03 \x01(\x0b\x32\x17.ardit.v1.RenderSummaryH\x00\x12)\n\x07preview\x18\x04 \x01(\x0b\x32\x16.ardit.v1.PreviewImageH\x00\x42\x07\n\x05\x65vent\"\xd3\x01\n\rRenderSummary\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12\'\n\x07timings\x18\x03 \x01(\x0b\x32\x16.ardit.v1.StageTimings\x12\x31\n\x05knobs\x18\x04 \x03(\x0b\x32\".ardit.v1.RenderSummary.KnobsEntry\x1a\x44\n\nKnobsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value:\x02\x38\x01*\x7f\n\rConditionKind\x12\x1e\n\x1a\x43ONDITION_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43ONDITION_KIND_TEXT\x10\x01\x12\x18\n\x14\x43ONDITION_KIND_IMAGE\x10\x02\x12\x1b\n\x17\x43ONDITION_KIND_NEGATIVE\x10\x03\x32\x87\x01\n\x08Renderer\x12:\n\x06Render\x12\x15.ardit.v1.RenderInput\x1a\x15.ardit.v1.RenderEvent(\x01\x30\x01\x12?\n\tGetStatus\x12\x1a.ardit.v1.GetStatusRequest\x1a\x16.ardit.v1.EngineStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10protos/dit.proto\x12\x08\x61rdit.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x13protos/common.proto\"\xba\x01\n\x0bRenderInput\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x16.ardit.v1.RenderHeaderH\x00\x12)\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x18.ardit.v1.ConditionChunkH\x00\x12\"\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x13.ardit.v1.RenderEndH\x00\x12)\n\treference\x18\x04 \x01(\x0b\x32\x14.ardit.v1.ImageChunkH\x00\x42\x07\n\x05input\"\xb9\x04\n\x0cRenderHeader\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05width\x18\x02 \x01(\r\x12\x0e\n\x06height\x18\x03 \x01(\r\x12\t\n\x01n\x18\x04 \x01(\r\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12-\n\routput_format\x18\x06 \x01(\x0e\x32\x16.ardit.v1.OutputFormat\x12\x1f\n\x12output_compression\x18\x07 \x01(\rH\x01\x88\x01\x01\x12\x30\n\x05knobs\x18\x08 \x03(\x0b\x32!.ardit.v1.RenderHeader.KnobsEntry\x12\x13\n\x0bhidden_size\x18\t \x01(\r\x12\r\n\x05\x64type\x18\n \x01(\t\x12\x16\n\x0etext_positions\x18\x0b \x01(\r\x12\x17\n\x0fimage_positions\x18\x0c \x01(\r\x12\x1a\n\x12negative_positions\x18\r \x01(\r\x12\x14\n\x0cindex_offset\x18\x0e \x01(\r\x12\x16\n\x0epartial_images\x18\x0f \x01(\r\x12&\n\x05model\x18\x10 \x01(\x0b\x32\x17.ardit.v1.ModelIdentity\x12\x0f\n\x07upscale\x18\x11 \x01(\r\x12\x18\n\x10reference_images\x18\x12 \x01(\r\x1a\x44\n\nKnobsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value:\x02\x38\x01\x42\x07\n\x05_seedB\x15\n\x13_output_compression\"p\n\x0e\x43onditionChunk\x12%\n\x04kind\x18\x01 \x01(\x0e\x32\x17.ardit.v1.ConditionKind\x12\x0e\n\x06offset\x18\x02 \x01(\r\x12\'\n\rhidden_states\x18\x03 \x01(\x0b\x32\x10.ardit.v1.Tensor\"\x0b\n\tRenderEnd\"\xc2\x01\n\x0bRenderEvent\x12&\n\x08progress\x18\x01 \x01(\x0b\x32\x12.ardit.v1.ProgressH\x00\x12)\n\x05image\x18\x02 \x01(\x0b\x32\x18.ardit.v1.GeneratedImageH\x00\x12,\n\tcompleted\x18\x03 \x01(\x0b\x32\x17.ardit.v1.RenderSummaryH\x00\x12)\n\x07preview\x18\x04 \x01(\x0b\x32\x16.ardit.v1.PreviewImageH\x00\x42\x07\n\x05\x65vent\"\xd3\x01\n\rRenderSummary\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12\'\n\x07timings\x18\x03 \x01(\x0b\x32\x16.ardit.v1.StageTimings\x12\x31\n\x05knobs\x18\x04 \x03(\x0b\x32\".ardit.v1.RenderSummary.KnobsEntry\x1a\x44\n\nKnobsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value:\x02\x38\x01*\x7f\n\rConditionKind\x12\x1e\n\x1a\x43ONDITION_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43ONDITION_KIND_TEXT\x10\x01\x12\x18\n\x14\x43ONDITION_KIND_IMAGE\x10\x02\x12\x1b\n\x17\x43ONDITION_KIND_NEGATIVE\x10\x03\x32\x87\x01\n\x08Renderer\x12:\n\x06Render\x12\x15.ardit.v1.RenderInput\x1a\x15.ardit.v1.RenderEvent(\x01\x30\x01\x12?\n\tGetStatus\x12\x1a.ardit.v1.GetStatusRequest\x1a\x16.ardit.v1.EngineStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,24 +37,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RENDERHEADER_KNOBSENTRY']._serialized_options = b'8\001'
   _globals['_RENDERSUMMARY_KNOBSENTRY']._loaded_options = None
   _globals['_RENDERSUMMARY_KNOBSENTRY']._serialized_options = b'8\001'
-  _globals['_CONDITIONKIND']._serialized_start=1311
-  _globals['_CONDITIONKIND']._serialized_end=1438
+  _globals['_CONDITIONKIND']._serialized_start=1380
+  _globals['_CONDITIONKIND']._serialized_end=1507
   _globals['_RENDERINPUT']._serialized_start=82
-  _globals['_RENDERINPUT']._serialized_end=225
-  _globals['_RENDERHEADER']._serialized_start=228
-  _globals['_RENDERHEADER']._serialized_end=771
-  _globals['_RENDERHEADER_KNOBSENTRY']._serialized_start=671
-  _globals['_RENDERHEADER_KNOBSENTRY']._serialized_end=739
-  _globals['_CONDITIONCHUNK']._serialized_start=773
-  _globals['_CONDITIONCHUNK']._serialized_end=885
-  _globals['_RENDEREND']._serialized_start=887
-  _globals['_RENDEREND']._serialized_end=898
-  _globals['_RENDEREVENT']._serialized_start=901
-  _globals['_RENDEREVENT']._serialized_end=1095
-  _globals['_RENDERSUMMARY']._serialized_start=1098
-  _globals['_RENDERSUMMARY']._serialized_end=1309
-  _globals['_RENDERSUMMARY_KNOBSENTRY']._serialized_start=671
-  _globals['_RENDERSUMMARY_KNOBSENTRY']._serialized_end=739
-  _globals['_RENDERER']._serialized_start=1441
-  _globals['_RENDERER']._serialized_end=1576
+  _globals['_RENDERINPUT']._serialized_end=268
+  _globals['_RENDERHEADER']._serialized_start=271
+  _globals['_RENDERHEADER']._serialized_end=840
+  _globals['_RENDERHEADER_KNOBSENTRY']._serialized_start=740
+  _globals['_RENDERHEADER_KNOBSENTRY']._serialized_end=808
+  _globals['_CONDITIONCHUNK']._serialized_start=842
+  _globals['_CONDITIONCHUNK']._serialized_end=954
+  _globals['_RENDEREND']._serialized_start=956
+  _globals['_RENDEREND']._serialized_end=967
+  _globals['_RENDEREVENT']._serialized_start=970
+  _globals['_RENDEREVENT']._serialized_end=1164
+  _globals['_RENDERSUMMARY']._serialized_start=1167
+  _globals['_RENDERSUMMARY']._serialized_end=1378
+  _globals['_RENDERSUMMARY_KNOBSENTRY']._serialized_start=740
+  _globals['_RENDERSUMMARY_KNOBSENTRY']._serialized_end=808
+  _globals['_RENDERER']._serialized_start=1510
+  _globals['_RENDERER']._serialized_end=1645
 # @@protoc_insertion_point(module_scope)

@@ -21,17 +21,19 @@ CONDITION_KIND_IMAGE: ConditionKind
 CONDITION_KIND_NEGATIVE: ConditionKind
 
 class RenderInput(_message.Message):
-    __slots__ = ("header", "chunk", "end")
+    __slots__ = ("header", "chunk", "end", "reference")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_FIELD_NUMBER: _ClassVar[int]
     header: RenderHeader
     chunk: ConditionChunk
     end: RenderEnd
-    def __init__(self, header: _Optional[_Union[RenderHeader, _Mapping]] = ..., chunk: _Optional[_Union[ConditionChunk, _Mapping]] = ..., end: _Optional[_Union[RenderEnd, _Mapping]] = ...) -> None: ...
+    reference: _common_pb2.ImageChunk
+    def __init__(self, header: _Optional[_Union[RenderHeader, _Mapping]] = ..., chunk: _Optional[_Union[ConditionChunk, _Mapping]] = ..., end: _Optional[_Union[RenderEnd, _Mapping]] = ..., reference: _Optional[_Union[_common_pb2.ImageChunk, _Mapping]] = ...) -> None: ...
 
 class RenderHeader(_message.Message):
-    __slots__ = ("request_id", "width", "height", "n", "seed", "output_format", "output_compression", "knobs", "hidden_size", "dtype", "text_positions", "image_positions", "negative_positions", "index_offset", "partial_images", "model", "upscale")
+    __slots__ = ("request_id", "width", "height", "n", "seed", "output_format", "output_compression", "knobs", "hidden_size", "dtype", "text_positions", "image_positions", "negative_positions", "index_offset", "partial_images", "model", "upscale", "reference_images")
     class KnobsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +58,7 @@ class RenderHeader(_message.Message):
     PARTIAL_IMAGES_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     UPSCALE_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_IMAGES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     width: int
     height: int
@@ -73,7 +76,8 @@ class RenderHeader(_message.Message):
     partial_images: int
     model: _common_pb2.ModelIdentity
     upscale: int
-    def __init__(self, request_id: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., n: _Optional[int] = ..., seed: _Optional[int] = ..., output_format: _Optional[_Union[_common_pb2.OutputFormat, str]] = ..., output_compression: _Optional[int] = ..., knobs: _Optional[_Mapping[str, _struct_pb2.Value]] = ..., hidden_size: _Optional[int] = ..., dtype: _Optional[str] = ..., text_positions: _Optional[int] = ..., image_positions: _Optional[int] = ..., negative_positions: _Optional[int] = ..., index_offset: _Optional[int] = ..., partial_images: _Optional[int] = ..., model: _Optional[_Union[_common_pb2.ModelIdentity, _Mapping]] = ..., upscale: _Optional[int] = ...) -> None: ...
+    reference_images: int
+    def __init__(self, request_id: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., n: _Optional[int] = ..., seed: _Optional[int] = ..., output_format: _Optional[_Union[_common_pb2.OutputFormat, str]] = ..., output_compression: _Optional[int] = ..., knobs: _Optional[_Mapping[str, _struct_pb2.Value]] = ..., hidden_size: _Optional[int] = ..., dtype: _Optional[str] = ..., text_positions: _Optional[int] = ..., image_positions: _Optional[int] = ..., negative_positions: _Optional[int] = ..., index_offset: _Optional[int] = ..., partial_images: _Optional[int] = ..., model: _Optional[_Union[_common_pb2.ModelIdentity, _Mapping]] = ..., upscale: _Optional[int] = ..., reference_images: _Optional[int] = ...) -> None: ...
 
 class ConditionChunk(_message.Message):
     __slots__ = ("kind", "offset", "hidden_states")
