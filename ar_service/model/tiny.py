@@ -158,8 +158,10 @@ def tiny_llm_parts() -> tuple[dict, dict[str, torch.Tensor]]:
 #: The tiny Dev AR: 4 layers, FFN experts on layers 2 and 3 (Dev's experts sit on the upper layers).
 TINY_DEV_MOE_TYPE = "ffn-2:4"
 #: gen_condition_layers for the tiny Dev root config (Dev's default list needs 17+ layers): entries of its 5-entry
-#: hidden-states tuple, i.e. the outputs of layers 2 and 1 and the embeddings.
-TINY_DEV_CONDITION_LAYERS = (-2, -3, -5)
+#: hidden-states tuple: -1 = the last layer's output before the final norm (Dev's tuple does not norm it, so every path
+#: that builds a condition is checked on that), -2 = layer 2's output (the released default's first entry), -5 = the
+#: embeddings.
+TINY_DEV_CONDITION_LAYERS = (-1, -2, -5)
 
 
 def tiny_dev_llm_config() -> dict:

@@ -353,7 +353,7 @@ def test_dev_tuple_last_entry_is_the_raw_output(dev_ar):
         h.remove()
     states = seen  # N + 1 = 5 entries
     torch.testing.assert_close(normed, torch.stack([states[i] for i in TINY_DEV_CONDITION_LAYERS]).mean(0))
-    for layers in ([-1], [0, -1], [-2, -3, -5], [4]):
+    for layers in ([-1], [0, -1], [-2, -3, -5], [4], [3]):
         config = dataclasses.replace(dev_ar.config, condition_layers=tuple(layers))
         model = build_random_ar(config, "cpu", torch.float32)
         model.load_state_dict(dev_ar.model.state_dict())
