@@ -36,7 +36,7 @@ CHECKOV_SPEC ?= checkov==3.3.30
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test test-newest-torch lint install model protos checkov clean
+.PHONY: up test test-newest-torch lint install model protos checkov clean wheelhouse compose-test
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -92,6 +92,28 @@ lint: install
 
 protos: install
 	$(BIN)/python -m protos.generate
+
+# The air-gapped image build (README, "Air-gapped build"): every wheel the image installs, for CPython 3.11 on
+# manylinux x86_64 (glibc up to 2.36, Debian 12's), downloaded on this host into wheelhouse/, which
+# `docker build --build-arg WHEELHOUSE=1` installs with no index. WHEELHOUSE_TORCH_SPEC picks the torch build: the
+# CPU one by default, e.g. torch==2.13.0 for PyPI's CUDA build (and the nvidia-* wheels it brings) for the GPU image.
+WHEELHOUSE_TORCH_SPEC ?= torch==2.13.0+cpu
+WHEELHOUSE_PLATFORMS := $(foreach minor,$(shell seq 36 -1 17),manylinux_2_$(minor)_x86_64) \
+	manylinux2014_x86_64 manylinux2010_x86_64 manylinux1_x86_64
+WHEELHOUSE_PIP := $(BIN)/python -m pip download --quiet --dest wheelhouse --only-binary=:all: \
+	$(addprefix --platform ,$(WHEELHOUSE_PLATFORMS)) --python-version 3.11 --implementation cp --abi cp311
+
+wheelhouse: install
+	@echo "make: downloading $(WHEELHOUSE_TORCH_SPEC) and ardit's runtime dependencies into wheelhouse/ (cp311, manylinux x86_64)"
+	@$(WHEELHOUSE_PIP) "$(WHEELHOUSE_TORCH_SPEC)" "setuptools>=77" . 2>/dev/null || \
+	  $(WHEELHOUSE_PIP) --extra-index-url $(TORCH_CPU_INDEX) "$(WHEELHOUSE_TORCH_SPEC)" "setuptools>=77" .
+	@echo "make: wheelhouse/ holds $$(ls wheelhouse/*.whl | wc -l) wheels, $$(du -sh wheelhouse | cut -f1)"
+
+# compose.yaml for real (tests/compose/run.sh): a debootstrapped Debian base image, the wheelhouse, the image built
+# with no network, then the scenario of tests/compose/run_scenario.py. Needs a Docker engine and debootstrap
+# (`.ci/run` installs both and starts dockerd); `make test` never needs Docker.
+compose-test: install
+	MAKE="$(MAKE)" PYTHON_BIN=$(BIN)/python bash tests/compose/run.sh
 
 clean:
 	rm -rf $(VENV) $(CHECKOV_VENV) $(NEWEST_VENV) $(TINY_DIR)
