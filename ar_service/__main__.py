@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     from ar_service.engine import AREngine
     from ar_service.model.loading import load_ar
     from ar_service.model.static_decode import resolve_decode_kernels
+    from ar_service.planning import EditLimits
     from ar_service.render_client import GrpcRenderer
     from ar_service.server import build_server
     from protos.knobs import FAMILIES
@@ -81,6 +82,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
             model_id=settings.model_id,
             max_prompt_tokens=settings.max_prompt_tokens,
             max_pixels=settings.max_pixels,
+            edit_limits=EditLimits(settings.edit_max_image_bytes, settings.edit_max_total_bytes,
+                                   settings.edit_max_image_pixels, settings.edit_image_positions),
             max_batch_size=settings.max_batch_size,
             max_queued_requests=settings.max_queued_requests,
             prefix_cache=settings.prefix_cache,

@@ -283,3 +283,37 @@ def tokenize_edit_image(
     pixels = pixels_from_image(resized).to(model.quant_conv.weight.device)
     codes = model.encode(pixels, released_bf16_distances=released_bf16_distances)[0].cpu()
     return EditImageTokens(height=resized.height, width=resized.width, codes=codes, ids=prompt_ids.ids(codes))
+
+
+#: The DiT's reference rule (../shared/reference/mammothmoda2-dev.md 3b, 3d): the last input image, fetched with
+#: factor 16 and at most 1024 x 1024 pixels, then the VAE processor's bound (no upscaling, sides at most 2048,
+#: multiples of 16), sets the output size of an edit.
+REFERENCE_FACTOR = 16
+REFERENCE_MAX_PIXELS = 1024 * 1024
+REFERENCE_MAX_SIDE = 2048
+
+
+def reference_output_size(width: int, height: int) -> tuple[int, int]:
+    """(width, height) of an edit's output for a last input image of ``width`` x ``height`` (what dit_service renders:
+    the last reference after ``smart_resize(16, max 1024^2)`` and the VAE processor's
+    ``int(side * min(sqrt(max_pixels / (h * w)), 2048 / max(h, w), 1)) // 16 * 16``)."""
+    h, w = smart_resize(height, width, REFERENCE_FACTOR, max_pixels=REFERENCE_MAX_PIXELS)
+    ratio = min(math.sqrt(REFERENCE_MAX_PIXELS / (h * w)), REFERENCE_MAX_SIDE / max(h, w), 1.0)
+    return int(w * ratio) // REFERENCE_FACTOR * REFERENCE_FACTOR, int(h * ratio) // REFERENCE_FACTOR * REFERENCE_FACTOR
+
+
+def expand_placeholders(prompt_ids: Sequence[int], placeholder_id: int, blocks: Sequence[Sequence[int]]) -> list[int]:
+    """The prompt with its i-th ``<|gen_placeholder|>`` (one per image) replaced by image i's id block: what the
+    released processor's expansion to ``placeholder_count`` placeholders followed by ``splice_image_ids`` gives."""
+    slots = [i for i, t in enumerate(prompt_ids) if t == placeholder_id]
+    if len(slots) != len(blocks):
+        raise ValueError(f"the prompt has {len(slots)} image placeholders for {len(blocks)} input images")
+    expanded = [placeholder_id if t == placeholder_id else int(t) for t in prompt_ids]
+    out: list[int] = []
+    start = 0
+    for slot, block in zip(slots, blocks, strict=True):
+        out.extend(expanded[start:slot])
+        out.extend([placeholder_id] * len(block))
+        start = slot + 1
+    out.extend(expanded[start:])
+    return splice_image_ids(out, placeholder_id, blocks)

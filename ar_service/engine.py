@@ -47,7 +47,7 @@ from ar_service.model.decode_memory import (
 )
 from ar_service.model.loading import LoadedAR
 from ar_service.model.static_decode import StaticDecoder
-from ar_service.planning import ImagePlan, RequestPlanner
+from ar_service.planning import EditLimits, ImagePlan, RequestPlanner
 from ar_service.prefill import (
     PREFILL_MEMO_ENTRIES,
     PrefillMemo,
@@ -220,6 +220,7 @@ class AREngine:
         model_id: str | None = None,
         max_prompt_tokens: int = 1024,
         max_pixels: int | None = None,
+        edit_limits: EditLimits | None = None,
         max_batch_size: int = 8,
         max_queued_requests: int = 16,
         prefix_cache: bool = True,
@@ -251,7 +252,7 @@ class AREngine:
         self.renderer = renderer
         self.planner = RequestPlanner(
             loaded, checkpoint, knob_table, lambda decoding: self.decoder.decodes(decoding), model_id=model_id,
-            max_prompt_tokens=max_prompt_tokens, max_pixels=max_pixels,
+            max_prompt_tokens=max_prompt_tokens, max_pixels=max_pixels, edit_limits=edit_limits,
         )
         self.model_id = self.planner.model_id
         self.ar_defaults = self.planner.ar_defaults
@@ -631,6 +632,7 @@ class AREngine:
                 image_positions=plan.image_positions,
                 negative_positions=0 if job.negative is None else job.negative.shape[0],
                 partial_images=plan.partial_images,
+                references=plan.references,
             )
             with tracing.use(job.trace):  # the render's span and its traceparent hang under the request's
                 session = self.renderer.open(header, job.on_render_event, timeout=job.remaining())

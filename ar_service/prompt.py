@@ -180,6 +180,27 @@ def build_t2i_prompt(prompt: str, grid: Grid) -> str:
     )
 
 
+#: The placeholder an edit prompt holds for each input image, expanded to that image's MammothTok block
+#: (ar_service/edit_image.py; bytedance/mammothmoda main ``processing_mammothmoda2.py`` expands it the same way).
+GEN_PLACEHOLDER = "<|gen_placeholder|>"
+
+
+def build_edit_prompt(instruction: str, grid: Grid, images: int = 1) -> str:
+    """The edit envelope: the T2I one with the input images first in the user message, one ``<|gen_placeholder|>``
+    each (replaced by the image's MammothTok tokens), then the instruction.
+
+    UNVERIFIED template: the released Dev code renders an ``image_gen`` element through the HF chat template, which is
+    not published (../shared/reference/mammothmoda2-dev.md 3e). ardit chooses, from what the code does show:
+    ``<|im_start|>system\nYou are a helpful image generator.<|im_end|>\n<|im_start|>user\n<IMAGE BLOCK>{instruction}
+    <|im_end|>\n<|im_start|>assistant\n<|image start|>{W}*{H}<|image token|>`` (the system prompt of the released
+    negative prompt, the image before the text as the released call sequence orders the message's elements, and the
+    generation header the 10-token answer split implies). The unconditional row of AR guidance keeps only the last
+    10 prompt tokens, so it never sees the image or the instruction (the released ``attention_mask[:, :-10] = 0``)."""
+    if images < 1:
+        raise ValueError(f"an edit prompt holds at least one input image, got {images}")
+    return build_t2i_prompt(GEN_PLACEHOLDER * images + instruction, grid)
+
+
 def build_negative_prompt(negative_prompt: str) -> str:
     """The negative (unconditional) envelope as released: the system and user messages through the chat template
     without the generation prompt (bytedance/mammothmoda qwen25vl ``mammothmoda2/model/processing_mammothmoda2.py``

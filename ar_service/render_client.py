@@ -33,6 +33,21 @@ KINDS = {"text": dit_pb2.CONDITION_KIND_TEXT, "image": dit_pb2.CONDITION_KIND_IM
 _CLOSE = object()
 
 
+#: Bytes of an image file per ``ImageChunk``: well under the 4 MiB message default with the envelope.
+IMAGE_CHUNK_BYTES = 3 * 1024 * 1024
+
+
+def reference_pieces(images: tuple[bytes, ...] | list[bytes], chunk: int = IMAGE_CHUNK_BYTES) -> list[common_pb2.ImageChunk]:
+    """Each image's file as ``ImageChunk`` pieces of at most ``chunk`` bytes, numbered from 0, the last of each marked."""
+    pieces = []
+    for index, data in enumerate(images):
+        starts = range(0, max(len(data), 1), chunk)
+        for start in starts:
+            last = start + chunk >= len(data)
+            pieces.append(common_pb2.ImageChunk(index=index, data=data[start:start + chunk], last=last))
+    return pieces
+
+
 @dataclass(frozen=True)
 class RenderHeader:
     request_id: str
@@ -51,6 +66,9 @@ class RenderHeader:
     partial_images: int = 0
     model: ModelIdentity | None = None  # the AR's model, for the DiT to check the condition is of its own
     upscale: int = 1
+    #: An edit's input images (encoded files, in the client's order): sent as ``RenderInput.reference`` pieces after
+    #: the header; the DiT encodes its reference latents from them and renders the last one's size.
+    references: tuple[bytes, ...] = ()
 
     def to_proto(self) -> dit_pb2.RenderHeader:
         header = dit_pb2.RenderHeader(
@@ -69,6 +87,7 @@ class RenderHeader:
             index_offset=self.index,
             partial_images=self.partial_images,
             upscale=self.upscale,
+            reference_images=len(self.references),
         )
         if self.output_compression is not None:
             header.output_compression = self.output_compression
@@ -125,6 +144,8 @@ class RenderSession:
         with self._lock:
             self._outbox: queue.Queue[Any] = queue.Queue()
             self._put(dit_pb2.RenderInput(header=header.to_proto()))
+            for piece in reference_pieces(header.references):
+                self._put(dit_pb2.RenderInput(reference=piece))
             self._call = self._start_attempt(timeout)
         self._reader = threading.Thread(target=self._read, name=f"render-{header.request_id}-{header.index}", daemon=True)
         self._reader.start()

@@ -14,6 +14,7 @@ import grpc
 
 from ar_service import events
 from ar_service.engine import AREngine, ImagePlan, Job, QueueFull
+from ar_service.planning import EditLimits
 from protos import ar_pb2, ar_pb2_grpc, channels, common_pb2
 from protos.formats import format_enum, format_name
 from protos.status import RequestRejected, abort, abort_rejected
@@ -128,6 +129,10 @@ class ImageGeneratorServicer(ar_pb2_grpc.ImageGeneratorServicer):
 
     def _stream_image(self, request: ar_pb2.GenerateImageRequest, context: grpc.ServicerContext, span):
         job = self._start(request, context, mode="image", span=span, partial_images=request.partial_images)
+        yield from self._image_events(job, context)
+
+    def _image_events(self, job: Job, context: grpc.ServicerContext) -> Iterator[ar_pb2.ImageEvent]:
+        """StreamImage's answer (and EditImage's): the plan, then progress, previews, images and the summary."""
         yield ar_pb2.ImageEvent(started=_started(job.plan))
         for event in self._events(job, context):
             if isinstance(event, events.Progress):
@@ -139,6 +144,20 @@ class ImageGeneratorServicer(ar_pb2_grpc.ImageGeneratorServicer):
                 yield ar_pb2.ImageEvent(image=_image_message(event))
             elif isinstance(event, events.JobDone):
                 yield ar_pb2.ImageEvent(completed=_summary(job.plan, event))
+
+    def EditImage(self, request_iterator: Iterator[ar_pb2.EditImageInput], context: grpc.ServicerContext):
+        with tracing.server_span(SPAN_PREFIX + "EditImage", context) as span:
+            yield from self._edit_image(request_iterator, context, span)
+
+    def _edit_image(self, request_iterator: Iterator[ar_pb2.EditImageInput], context: grpc.ServicerContext, span):
+        engine = self._engine(context)
+        try:
+            request, images = read_edit_input(request_iterator, engine.planner.edit_limits)
+        except RequestRejected as exc:
+            abort_rejected(context, exc)
+        job = self._start(request, context, mode="image", span=span, partial_images=request.partial_images,
+                          images=images)
+        yield from self._image_events(job, context)
 
     def GenerateVisualTokens(self, request: ar_pb2.GenerateImageRequest, context: grpc.ServicerContext):
         with tracing.server_span(SPAN_PREFIX + "GenerateVisualTokens", context) as span:
@@ -189,7 +208,7 @@ class ImageGeneratorServicer(ar_pb2_grpc.ImageGeneratorServicer):
 
     def _start(
         self, request: ar_pb2.GenerateImageRequest, context: grpc.ServicerContext, mode: Literal["image", "tokens"], span=None,
-        partial_images: int = 0,
+        partial_images: int = 0, images: list[bytes] | None = None,
     ) -> Job:
         """Plans and queues a request. ``partial_images`` only from StreamImage: the other calls have no previews to
         send, so the renderer is not asked for any."""
@@ -209,6 +228,7 @@ class ImageGeneratorServicer(ar_pb2_grpc.ImageGeneratorServicer):
                 quality=request.quality,
                 knobs=knobs_from_proto(request.knobs),
                 partial_images=partial_images,
+                images=images or (),
             )
         except RequestRejected as exc:
             abort_rejected(context, exc)
@@ -224,8 +244,10 @@ class ImageGeneratorServicer(ar_pb2_grpc.ImageGeneratorServicer):
             abort_rejected(context, exc)
         context.add_callback(job.cancel)
         log.info(
-            "request %s: %d image(s) %dx%d seed %d, prompt %d tokens",
+            "request %s: %d image(s) %dx%d seed %d, prompt %d tokens%s",
             plan.request_id, plan.n, plan.width, plan.height, plan.seed, len(plan.prompt_ids),
+            f", editing {len(plan.references)} input image(s) (MammothTok grids {[g[2:] for g in plan.reference_grids]})"
+            if plan.references else "",
         )
         if self.log_prompts:
             log.info("request %s prompt: %r negative: %r", plan.request_id, request.prompt, request.negative_prompt)
@@ -246,6 +268,53 @@ class ImageGeneratorServicer(ar_pb2_grpc.ImageGeneratorServicer):
             yield event
             if isinstance(event, events.JobDone):
                 return
+
+
+def read_edit_input(
+    messages: Iterator[ar_pb2.EditImageInput], limits: EditLimits
+) -> tuple[ar_pb2.GenerateImageRequest, list[bytes]]:
+    """An EditImage call's request and its images' files, put together from their pieces; refuses (INVALID_ARGUMENT)
+    a stream that does not start with the request, pieces out of order, an image left unfinished, and files over the
+    byte limits as soon as they pass them."""
+    request = None
+    images: list[bytearray] = []
+    open_image = False
+    total = 0
+    for message in messages:
+        kind = message.WhichOneof("input")
+        if kind == "request":
+            if request is not None:
+                raise RequestRejected("EditImage takes one request message, first; got a second", param="request")
+            request = message.request
+            continue
+        if kind != "image":
+            raise RequestRejected("EditImage messages carry a request or an image piece; got neither", param="image")
+        if request is None:
+            raise RequestRejected("EditImage's first message must be the request, before any image piece", param="request")
+        piece = message.image
+        expected = len(images) - 1 if open_image else len(images)
+        if piece.index != expected:
+            raise RequestRejected(
+                f"image pieces must come in order, each image's pieces together, images numbered from 0: expected a "
+                f"piece of image {expected}, got one of image {piece.index}", param="image")
+        if not open_image:
+            images.append(bytearray())
+        images[-1].extend(piece.data)
+        total += len(piece.data)
+        open_image = not piece.last
+        if len(images[-1]) > limits.max_image_bytes:
+            raise RequestRejected(f"input image {piece.index} is over {limits.max_image_bytes} bytes, the most accepted",
+                                  param="image")
+        if total > limits.max_total_bytes:
+            raise RequestRejected(f"the input images are over {limits.max_total_bytes} bytes together, the most accepted",
+                                  param="image")
+    if request is None:
+        raise RequestRejected("EditImage got no request message", param="request")
+    if open_image:
+        raise RequestRejected(f"input image {len(images) - 1} ended without its last piece (last = true)", param="image")
+    if not images:
+        raise RequestRejected("an edit needs at least one input image; EditImage got none", param="image")
+    return request, [bytes(image) for image in images]
 
 
 def build_server(

@@ -37,6 +37,17 @@ class ARSettings(ModelServiceSettings):
         None, ge=256, description="largest width * height of one image (default: the model's largest side squared)"
     )
     max_concurrent_streams: int = Field(100, ge=1, description="most concurrent gRPC streams per client connection")
+    edit_max_image_bytes: int = Field(
+        50_000_000, ge=1, description="largest input image file of an edit, in bytes (OpenAI: under 50 MB)"
+    )
+    edit_max_total_bytes: int = Field(100_000_000, ge=1, description="largest sum of an edit's input image files, in bytes")
+    edit_max_image_pixels: int = Field(
+        40_000_000, ge=1, description="largest width * height of an edit's input image (larger: refused, a decompression bomb)"
+    )
+    edit_image_positions: int = Field(
+        4096, ge=16, description="prompt positions all input images of an edit may take as MammothTok tokens (each image "
+        "gets an equal share and is scaled down to fit it; bounded by the model's positions)",
+    )
     # -- batching and admission --
     max_batch_size: int = Field(
         8, ge=1, le=256,

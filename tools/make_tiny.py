@@ -25,6 +25,7 @@ from transformers.utils import logging as transformers_logging
 from ar_service.model.t2i_config import T2IGenerationConfig
 from ar_service.model.tiny import (
     TINY_DEV_CONDITION_LAYERS,
+    TINY_GEN_TOKENIZER_CONFIG,
     TINY_GRID,
     TINY_HIDDEN_SIZE,
     dev_llm_config,
@@ -79,7 +80,8 @@ def write_tiny_dev(root: Path) -> None:
     reaches 17 layers back)."""
     llm_config, ar_tensors = tiny_dev_llm_parts()
     gen_parts, gen_tensors = tiny_dev_gen_parts(TINY_HIDDEN_SIZE)
-    gen_parts = {**gen_parts, "gen_condition_layers": list(TINY_DEV_CONDITION_LAYERS)}
+    gen_parts = {**gen_parts, "gen_condition_layers": list(TINY_DEV_CONDITION_LAYERS),
+                 "gen_tokenizer_config": TINY_GEN_TOKENIZER_CONFIG}
     write_pipeline(root, llm_config, gen_parts, {**ar_tensors, **gen_tensors}, TINY_DEV_SERVING)
 
 

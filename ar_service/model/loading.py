@@ -9,7 +9,9 @@ every parameter must be present. Anything else fails the load, naming the keys.
 The Dev member's checkpoint also holds ``gen_tokenizer.*`` beside ``llm_model`` (MammothTok, bytedance/mammothmoda
 main ``mamoda2/mammothmoda2/model/modeling_mammothmoda2.py:125``): it turns an input image into prompt tokens for
 editing and plays no part in text-to-image; the AR loader neither builds nor reads it, and says so, listing how many
-tensors it leaves (``SKIPPED_ROOT_PREFIXES``). Dev's vision tower (DeepStack mergers included) lies under
+tensors it leaves (``SKIPPED_ROOT_PREFIXES``). ``load_ar`` then loads it on its own (``load_edit_tokenizer``,
+ar_service/model/mammothtok.py) when the checkpoint is Dev and holds its tensors: the model then edits; otherwise
+``LoadedAR.edit_refusal`` says why it cannot. Dev's vision tower (DeepStack mergers included) lies under
 ``llm_model.model.visual.`` like Preview's.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerFast
@@ -48,6 +51,9 @@ class LoadedAR:
     t2i: T2IGenerationConfig
     config: ARConfig
     checkpoint: PipelineCheckpoint
+    #: The Dev member's input-image tokenizer (editing); None when the model cannot edit (``edit_refusal`` says why).
+    mammothtok: Any = None
+    edit_refusal: str = ""
 
 
 class CheckpointMismatch(ValueError):
@@ -189,7 +195,51 @@ def load_ar(
     check_quantization(quantization)
     if quantization == "fp8":
         quantize_ar_(model)
-    return LoadedAR(model=model, tokenizer=tokenizer, t2i=t2i, config=config, checkpoint=checkpoint)
+    mammothtok, refusal = load_edit_tokenizer(checkpoint, config, device, dtype, random_weights, seed)
+    return LoadedAR(model=model, tokenizer=tokenizer, t2i=t2i, config=config, checkpoint=checkpoint,
+                    mammothtok=mammothtok, edit_refusal=refusal)
+
+
+def load_edit_tokenizer(
+    checkpoint: PipelineCheckpoint,
+    config: ARConfig,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    random_weights: bool = False,
+    seed: int = 0,
+) -> tuple[Any, str]:
+    """(MammothTok, "") when the model edits, else (None, why not). Only the Dev member has an input-image tokenizer
+    (``gen_tokenizer.image_tokenizer.*``, sizes from the root config's optional ``gen_tokenizer_config``); a Dev
+    checkpoint without its tensors, or with a set that does not match those sizes, serves text-to-image and refuses
+    edits, naming the reason (logged here once)."""
+    from ar_service.model.mammothtok import (
+        CHECKPOINT_PREFIX,
+        MammothTok,
+        MammothTokConfig,
+        MammothTokMismatch,
+        init_random_,
+        load_mammothtok,
+    )
+
+    if config.member != "dev":
+        return None, (f"the served model is a MammothModa2 {config.member} checkpoint, which has no input-image "
+                      "tokenizer (MammothTok, MammothModa2-Dev's): it generates from text only")
+    if random_weights:
+        tokenizer = init_random_(MammothTok.from_config(MammothTokConfig.from_root_config(checkpoint.config)), seed)
+        return tokenizer.to(device=device, dtype=dtype).eval(), ""
+    if not checkpoint.tensor_names(CHECKPOINT_PREFIX):
+        refusal = (f"the served Dev checkpoint {checkpoint.root} holds no {CHECKPOINT_PREFIX}* tensors (MammothTok, the "
+                   "input-image tokenizer): it generates from text only")
+        log.warning("editing is off: %s", refusal)
+        return None, refusal
+    try:
+        tokenizer, report = load_mammothtok(checkpoint, device, dtype, log=log.info)
+    except MammothTokMismatch as exc:
+        refusal = f"the served checkpoint's input-image tokenizer (MammothTok) does not load: {exc}"
+        log.warning("editing is off: %s", refusal)
+        return None, refusal
+    log.info("MammothTok loaded for editing: %d tensors, %d parameters", len(report.loaded), tokenizer.num_parameters())
+    return tokenizer, ""
 
 
 def _check_ids(root: Path, config: ARConfig, t2i: T2IGenerationConfig, tokenizer: PreTrainedTokenizerFast) -> None:

@@ -13,8 +13,9 @@ vocabulary (32800 ids from 152064; bytedance/mammothmoda configuration defaults)
 
 The tiny Dev AR (``tiny_dev_llm_parts``) is the Dev layout (Qwen3-VL text decoder: explicit head_dim, no attention
 biases, per-head q/k norms, interleaved-MRoPE ``rope_scaling``, FFN experts) at the tiny size, over the same tiny
-tokenizer, plus stub Qwen3-VL vision tensors and stub ``gen_tokenizer.*`` (MammothTok) tensors that the AR loader
-must skip. The Dev shapes (``dev_llm_config``) are Qwen3-VL-8B's text dims for the GPU benchmark.
+tokenizer, plus stub Qwen3-VL vision tensors that the AR loader must skip and a real tiny MammothTok (random weights,
+``gen_tokenizer.image_tokenizer.*``, sizes in the root config's ``gen_tokenizer_config``) for editing. The Dev
+shapes (``dev_llm_config``) are Qwen3-VL-8B's text dims for the GPU benchmark.
 """
 
 from __future__ import annotations
@@ -213,24 +214,28 @@ def _stub_dev_vision_tensors(vision: dict, generator: torch.Generator) -> dict[s
     return {f"{LLM_PREFIX}model.visual.{k}": torch.randn(s, generator=generator) * 0.02 for k, s in shapes.items()}
 
 
-def _stub_gen_tokenizer_tensors(generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """A few MammothTok tensors under ``gen_tokenizer.`` (names of the Dev checkpoint layout, toy shapes): present in a
-    Dev checkpoint, used for editing only, skipped by the AR loader."""
-    tok = "gen_tokenizer.image_tokenizer."
-    shapes = {
-        f"{tok}encoder.preprocessor.patchifier.proj.weight": (16, 3, 2, 2),
-        f"{tok}encoder.preprocessor.patchifier.proj.bias": (16,),
-        f"{tok}encoder.trunk.post_trunk_norm.weight": (16,),
-        f"{tok}quant_conv.weight": (8, 16, 1, 1),
-        f"{tok}quant_conv.bias": (8,),
-        f"{tok}quantize.embedding.weight": (16, 8),
-    }
-    return {k: torch.randn(s, generator=generator) * 0.02 for k, s in shapes.items()}
+#: The tiny Dev model's MammothTok (root config ``gen_tokenizer_config``): the released encoder and quantiser at toy
+#: width, its 64 codes being the tiny tokenizer's 64 visual ids (``NUM_VISUAL_TOKENS``), patch 14 as released.
+TINY_GEN_TOKENIZER_CONFIG = {"embed_dim": 32, "num_blocks": 2, "num_heads": 2, "mlp_hidden_dim": 64,
+                             "codebook_embed_dim": 4, "codebook_size": NUM_VISUAL_TOKENS}
+#: Seed of the tiny MammothTok's random weights (``mammothtok.init_random_``).
+TINY_GEN_TOKENIZER_SEED = 3
+
+
+def tiny_gen_tokenizer_tensors() -> dict[str, torch.Tensor]:
+    """The tiny MammothTok's full tensor set under ``gen_tokenizer.image_tokenizer.`` (the released key layout,
+    ``mammothtok.CHECKPOINT_PREFIX``): random, the same on every call. Present in a Dev checkpoint beside
+    ``llm_model``, skipped by the AR loader and loaded by ``load_mammothtok`` to tokenise an edit's input image."""
+    from ar_service.model.mammothtok import CHECKPOINT_PREFIX, MammothTok, init_random_
+
+    model = init_random_(MammothTok.from_config(TINY_GEN_TOKENIZER_CONFIG), seed=TINY_GEN_TOKENIZER_SEED)
+    return {f"{CHECKPOINT_PREFIX}{k}": v.detach().clone().contiguous() for k, v in model.state_dict().items()}
 
 
 def tiny_dev_llm_parts() -> tuple[dict, dict[str, torch.Tensor]]:
-    """(llm_config for config.json, tensors with full checkpoint keys: ``llm_model.*`` and stub ``gen_tokenizer.*``);
-    same values on every call.
+    """(llm_config for config.json, tensors with full checkpoint keys: ``llm_model.*`` and the tiny MammothTok's
+    ``gen_tokenizer.image_tokenizer.*``, whose sizes the root config's ``gen_tokenizer_config`` must carry:
+    ``TINY_GEN_TOKENIZER_CONFIG``); same values on every call.
 
     The q/k norm weights get large random offsets (0.3 std) and the other norms small ones, so that a q_norm / k_norm
     that is swapped, skipped or applied after RoPE changes the outputs."""
@@ -247,7 +252,7 @@ def tiny_dev_llm_parts() -> tuple[dict, dict[str, torch.Tensor]]:
                 param.add_(torch.randn(param.shape, generator=generator) * 0.02)
     tensors = {f"{LLM_PREFIX}{k}": v.detach().clone() for k, v in model.state_dict().items()}
     tensors.update(_stub_dev_vision_tensors(llm_config["vision_config"], generator))
-    tensors.update(_stub_gen_tokenizer_tensors(generator))
+    tensors.update(tiny_gen_tokenizer_tensors())
     return llm_config, tensors
 
 
@@ -399,7 +404,8 @@ AR_ONLY_GEN_STUBS = {"gen_dit_config": {"patch_size": 2}, "gen_vae_config": {"bl
 # its gen_condition_layers.
 AR_ONLY_DEV_GEN_STUBS = {"gen_dit_config": {"patch_size": 2, "is_image_embedder": True},
                          "gen_vae_config": {"block_out_channels": [8, 8, 8, 8]},
-                         "gen_condition_layers": list(TINY_DEV_CONDITION_LAYERS)}
+                         "gen_condition_layers": list(TINY_DEV_CONDITION_LAYERS),
+                         "gen_tokenizer_config": TINY_GEN_TOKENIZER_CONFIG}
 
 
 def write_ar_only_root(root: Path, preview: bool = False, weights: bool = True, dev: bool = False) -> Path:
@@ -407,7 +413,7 @@ def write_ar_only_root(root: Path, preview: bool = False, weights: bool = True, 
 
     ``preview`` writes the Preview shapes and tokenizer with no weights (random-weights mode) and no
     ardit_serving.json (the released grid); the tiny one says its grid (``TINY_GRID``) in ardit_serving.json.
-    ``dev`` writes the tiny Dev AR (``tiny_dev_llm_parts``, its stub ``gen_tokenizer.*`` tensors included) instead of
+    ``dev`` writes the tiny Dev AR (``tiny_dev_llm_parts``, its tiny MammothTok included) instead of
     the tiny Preview one.
     """
     from servicekit.checkpoint import SERVING_FILE, save_tensors
