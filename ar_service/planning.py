@@ -323,13 +323,14 @@ class RequestPlanner:
     # -- edits --------------------------------------------------------------------------------
 
     def _edit_images(self, images: Sequence[bytes]) -> list[Any]:
-        """The input images decoded (PIL), each checked against the limits; refused with INVALID_ARGUMENT (or
-        FAILED_PRECONDITION when the model cannot edit) naming the image at fault."""
+        """The input images decoded (PIL), each checked against the limits; refused with INVALID_ARGUMENT naming the
+        image at fault, or the model when it cannot edit."""
         from PIL import Image
 
         if not self.edits:
-            raise RequestRejected(f"this model does not edit images: {self.edit_refusal}", param="model",
-                                  code=grpc.StatusCode.FAILED_PRECONDITION)
+            # INVALID_ARGUMENT (400): the client asked the wrong model; FAILED_PRECONDITION on "model" means a
+            # deployment fault to the gateway (an AR and a DiT of different models: 503).
+            raise RequestRejected(f"this model does not edit images: {self.edit_refusal}", param="model")
         limits = self.edit_limits
         if len(images) > MAX_REFERENCE_IMAGES:
             raise RequestRejected(

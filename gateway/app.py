@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway import errors, playground, schemas, stored_images, streaming, translate
+from gateway import edits, errors, playground, schemas, stored_images, streaming, translate
 from gateway.auth import APIKeyMiddleware, load_api_keys
 from gateway.errors import APIError
 from gateway.protocol import ImageGenerationRequest, accepted_values
@@ -45,7 +45,7 @@ LIST_MODELS_TIMEOUT_S = 10.0
 class GatewayMetrics:
     """The gateway's Prometheus metrics, on a registry of its own (one per app), served at ``GET /metrics``."""
 
-    ROUTES = frozenset({"/", "/v1/images/generations", "/v1/models", "/health", "/metrics"})
+    ROUTES = frozenset({"/", "/v1/images/generations", edits.ROUTE, "/v1/models", "/health", "/metrics"})
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -76,10 +76,12 @@ class GatewayMiddleware:
       given without effect.
     """
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int, metrics: GatewayMetrics | None = None):
+    def __init__(self, app: ASGIApp, max_body_bytes: int, metrics: GatewayMetrics | None = None,
+                 route_limits: dict[str, int] | None = None):
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics
+        self.route_limits = route_limits or {}  # paths that take larger bodies (the edits' image uploads)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -102,21 +104,22 @@ class GatewayMiddleware:
             await send(message)
 
         received = 0
+        limit = self.route_limits.get(scope.get("path", ""), self.max_body_bytes)
 
         async def limited_receive() -> Message:
             nonlocal received
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_body_bytes:
-                    raise self._too_large()
+                if received > limit:
+                    raise self._too_large(limit)
             return message
 
         if self.metrics is not None:
             self.metrics.in_flight.inc()
         try:
-            if self._declared_length(scope) > self.max_body_bytes:
-                await self._too_large().response()(scope, receive, send_wrapper)
+            if self._declared_length(scope) > limit:
+                await self._too_large(limit).response()(scope, receive, send_wrapper)
             else:
                 await self.app(scope, limited_receive, send_wrapper)
         except Exception:
@@ -134,8 +137,8 @@ class GatewayMiddleware:
                 self.metrics.requests.labels(route, str(status or 499)).inc()
                 self.metrics.latency.labels(route).observe(time.perf_counter() - started)
 
-    def _too_large(self) -> APIError:
-        return APIError(413, f"request body is larger than {self.max_body_bytes} bytes", code="request_too_large")
+    def _too_large(self, limit: int) -> APIError:
+        return APIError(413, f"request body is larger than {limit} bytes", code="request_too_large")
 
     @staticmethod
     def _declared_length(scope: Scope) -> int:
@@ -284,13 +287,25 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app.add_middleware(APIKeyMiddleware, keys=api_keys)  # inside GatewayMiddleware: 401s are logged too
     metrics = GatewayMetrics()
     app.state.metrics = metrics
-    app.add_middleware(GatewayMiddleware, max_body_bytes=settings.max_body_bytes, metrics=metrics)
+    edit_limits = edits.EditLimits(settings.edit_max_image_bytes, settings.edit_max_total_bytes,
+                                   settings.edit_max_image_pixels)
+    app.add_middleware(
+        GatewayMiddleware, max_body_bytes=settings.max_body_bytes, metrics=metrics,
+        route_limits={edits.ROUTE: max(settings.max_body_bytes, settings.edit_max_total_bytes + edits.FORM_SLACK_BYTES)},
+    )
 
     app.state.image_store = stored_images.open_store(settings)
     app.include_router(stored_images.router)
     app.include_router(playground.router)
 
     body_schema = inline_refs(ImageGenerationRequest.model_json_schema())
+    edit_schema = inline_refs(edits.ImageEditRequest.model_json_schema())
+    edit_schema["properties"] = {
+        "image": {"type": "string", "format": "binary", "description": "The input image (PNG, JPEG or WebP)."},
+        "image[]": {"type": "array", "items": {"type": "string", "format": "binary"},
+                    "description": f"Several input images, in order (at most {edits.MAX_INPUT_IMAGES})."},
+        **edit_schema.get("properties", {}),
+    }
 
     @app.post(
         "/v1/images/generations",
@@ -315,8 +330,41 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         if parsed.stream:
             return await streaming.open_stream(request, parsed, message)
 
-        grpc_started = time.perf_counter()
         call = request.app.state.generator.StreamImage(message, timeout=settings.request_timeout_s)
+        return await _answer(request, parsed, call, started)
+
+    @app.post(
+        edits.ROUTE,
+        openapi_extra={"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": edit_schema}}}},
+        responses=schemas.GENERATION_RESPONSES,
+    )
+    async def edit_images(request: Request) -> Response:
+        started = time.perf_counter()
+        request_id = translate.new_request_id()
+        request.state.request_id = request_id
+        form = edits.read_form(await request.body(), request.headers.get("content-type", ""), edit_limits)
+        try:
+            parsed = edits.ImageEditRequest.model_validate(form.fields)
+        except ValidationError as exc:
+            raise errors.validation_error(exc.errors(), accepted_values) from None
+        request.state.user = parsed.end_user
+        request.state.prompt_chars = len(parsed.prompt)
+        request.state.n = parsed.n
+        request.state.ignored = parsed.ignored_fields()
+        parsed.check_supported()
+        for index, image in enumerate(form.images):
+            edits.check_image(image, index, edit_limits)  # every problem a 400 here, before ar_service
+        message = translate.to_proto(parsed, request_id, settings.model_aliases)
+        call = request.app.state.generator.EditImage(edits.edit_messages(message, form.images),
+                                                     timeout=settings.request_timeout_s)
+        if parsed.stream:
+            return await streaming.open_stream(request, parsed, message, call, streaming.EDIT_EVENTS)
+        return await _answer(request, parsed, call, started)
+
+    async def _answer(request: Request, parsed: ImageGenerationRequest, call: Any, started: float) -> Response:
+        """The JSON answer of a call that streams ImageEvents (StreamImage, EditImage): every image, then the
+        summary; a client that leaves cancels the call."""
+        grpc_started = time.perf_counter()
         collecting = asyncio.ensure_future(_collect(call))
         watching = asyncio.ensure_future(streaming.wait_for_disconnect(request))
         try:

@@ -32,7 +32,17 @@ class GatewaySettings(ServiceSettings):
     sse_keepalive_s: float = Field(
         10.0, gt=0, description="with stream: a keep-alive comment after this many seconds without another event"
     )
-    max_body_bytes: int = Field(1_048_576, ge=1, description="largest request body accepted, in bytes (larger: 413)")
+    max_body_bytes: int = Field(1_048_576, ge=1, description="largest request body accepted, in bytes (larger: 413); "
+                                "/v1/images/edits takes edit_max_total_bytes and 1 MiB more")
+    edit_max_image_bytes: int = Field(
+        50_000_000, ge=1, description="largest input image file of an edit, in bytes (OpenAI: under 50 MB; larger: 400)"
+    )
+    edit_max_total_bytes: int = Field(
+        100_000_000, ge=1, description="largest sum of an edit's input image files, in bytes (larger: 400)"
+    )
+    edit_max_image_pixels: int = Field(
+        40_000_000, ge=1, description="largest width * height of an edit's input image (larger: 400, a decompression bomb)"
+    )
     log_level: str = Field("info", description="debug, info, warning or error")
     model_aliases: Annotated[dict[str, str], NoDecode] = Field(
         default_factory=dict,

@@ -1,4 +1,5 @@
-"""``stream: true`` on ``POST /v1/images/generations``: server-sent events, as OpenAI streams images.
+"""``stream: true`` on ``POST /v1/images/generations`` and ``/v1/images/edits``: server-sent events, as OpenAI
+streams images (edits name their events ``image_edit.*`` instead of ``image_generation.*``).
 
 The events the official clients parse (``openai/types/image_gen_*_event.py``):
 
@@ -44,6 +45,10 @@ from protos.values import knobs_from_proto
 KEEPALIVE = b": keep-alive\n\n"
 DONE = b"data: [DONE]\n\n"
 _END = object()  # the gRPC stream ended
+#: Event name prefixes: generations' (``image_generation.*``) and edits' (``image_edit.*``, openai-python's
+#: ``image_edit_partial_image_event.py`` and ``image_edit_completed_event.py``).
+GENERATION_EVENTS = "image_generation"
+EDIT_EVENTS = "image_edit"
 
 
 def sse_event(name: str, payload: dict[str, Any]) -> bytes:
@@ -102,8 +107,11 @@ class _Pump:
 class ImageStream:
     """Turns ar_service's ImageEvents into OpenAI's image stream events (one per preview and per image)."""
 
-    def __init__(self, request: ImageGenerationRequest, started: ar_pb2.StreamStarted, ar_address: str):
+    def __init__(self, request: ImageGenerationRequest, started: ar_pb2.StreamStarted, ar_address: str,
+                 event_prefix: str = GENERATION_EVENTS):
         self.request = request
+        self.partial_event = f"{event_prefix}.partial_image"
+        self.completed_event = f"{event_prefix}.completed"
         self.started = started
         self.ar_address = ar_address
         self.size = f"{started.width}x{started.height}"
@@ -138,8 +146,8 @@ class ImageStream:
             return sse_comment("ardit.progress", {"image_index": p.index, "stage": p.stage, "step": p.step, "total": p.total})
         if kind == "preview":
             p = event.preview
-            return sse_event("image_generation.partial_image", {
-                "type": "image_generation.partial_image",
+            return sse_event(self.partial_event, {
+                "type": self.partial_event,
                 "b64_json": base64.b64encode(p.data).decode("ascii"),
                 "partial_image_index": p.partial_index,
                 **self._common(),
@@ -149,8 +157,8 @@ class ImageStream:
         if kind == "image":
             image = event.image
             self.seeds[image.index] = image.seed
-            return sse_event("image_generation.completed", {
-                "type": "image_generation.completed",
+            return sse_event(self.completed_event, {
+                "type": self.completed_event,
                 "b64_json": base64.b64encode(image.data).decode("ascii"),
                 **self._common(),
                 "usage": self.usage,
@@ -177,11 +185,14 @@ class ImageStream:
 
 
 async def open_stream(
-    request: Request, parsed: ImageGenerationRequest, message: ar_pb2.GenerateImageRequest
+    request: Request, parsed: ImageGenerationRequest, message: ar_pb2.GenerateImageRequest, call: Any = None,
+    event_prefix: str = GENERATION_EVENTS,
 ) -> StreamingResponse:
-    """Starts the gRPC stream and answers with SSE once ar_service has accepted the request (see the module doc)."""
+    """Starts the gRPC stream (StreamImage of ``message``, or ``call`` when given: an EditImage call) and answers
+    with SSE once ar_service has accepted the request (see the module doc)."""
     settings = request.app.state.settings
-    call = request.app.state.generator.StreamImage(message, timeout=settings.request_timeout_s)
+    if call is None:
+        call = request.app.state.generator.StreamImage(message, timeout=settings.request_timeout_s)
     pump = _Pump(call)
     first = asyncio.ensure_future(pump.next(None))
     watching = asyncio.ensure_future(wait_for_disconnect(request))
@@ -199,7 +210,7 @@ async def open_stream(
     if item is _END or item.WhichOneof("event") != "started":
         pump.close()
         raise APIError(502, "ar_service did not start the stream with its plan", code="bad_gateway")
-    stream = ImageStream(parsed, item.started, settings.ar_address)
+    stream = ImageStream(parsed, item.started, settings.ar_address, event_prefix)
     return StreamingResponse(
         _body(stream, pump, settings.sse_keepalive_s),
         media_type="text/event-stream",
