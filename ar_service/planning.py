@@ -91,8 +91,8 @@ class ImagePlan:
 class EditLimits:
     """What an edit's input images may be (ar_service settings ``edit_*``)."""
 
-    max_image_bytes: int = 50_000_000
-    max_total_bytes: int = 100_000_000
+    max_image_bytes: int = 33_554_432  # dit_service's bound on one reference
+    max_total_bytes: int = 67_108_864
     max_image_pixels: int = 40_000_000
     image_positions: int = 4096  # prompt positions for all input images' MammothTok blocks
 
@@ -388,6 +388,12 @@ class RequestPlanner:
         down into the served sides when it is larger (the released code's grid does not follow the output size)."""
         if width == 0 and height == 0:
             width, height = reference_output_size(*last.size)
+            try:
+                self._check_size(width, height)
+            except RequestRejected as exc:
+                raise RequestRejected(
+                    f"the last input image ({last.width}x{last.height}) gives the output its size, {width}x{height}, "
+                    f"which this model does not draw: {exc.message}", param="image") from None
         else:
             self._check_size(width, height)
             if reference_output_size(width, height) != (width, height):

@@ -38,9 +38,10 @@ class ARSettings(ModelServiceSettings):
     )
     max_concurrent_streams: int = Field(100, ge=1, description="most concurrent gRPC streams per client connection")
     edit_max_image_bytes: int = Field(
-        50_000_000, ge=1, description="largest input image file of an edit, in bytes (OpenAI: under 50 MB)"
+        33_554_432, ge=1, description="largest input image file of an edit, in bytes: dit_service's bound on one "
+        "reference, 32 MiB (OpenAI takes files under 50 MB)"
     )
-    edit_max_total_bytes: int = Field(100_000_000, ge=1, description="largest sum of an edit's input image files, in bytes")
+    edit_max_total_bytes: int = Field(67_108_864, ge=1, description="largest sum of an edit's input image files, in bytes")
     edit_max_image_pixels: int = Field(
         40_000_000, ge=1, description="largest width * height of an edit's input image (larger: refused, a decompression bomb)"
     )

@@ -35,10 +35,11 @@ class GatewaySettings(ServiceSettings):
     max_body_bytes: int = Field(1_048_576, ge=1, description="largest request body accepted, in bytes (larger: 413); "
                                 "/v1/images/edits takes edit_max_total_bytes and 1 MiB more")
     edit_max_image_bytes: int = Field(
-        50_000_000, ge=1, description="largest input image file of an edit, in bytes (OpenAI: under 50 MB; larger: 400)"
+        33_554_432, ge=1, description="largest input image file of an edit, in bytes (larger: 400); dit_service's bound "
+        "on one reference, 32 MiB (OpenAI takes files under 50 MB)"
     )
     edit_max_total_bytes: int = Field(
-        100_000_000, ge=1, description="largest sum of an edit's input image files, in bytes (larger: 400)"
+        67_108_864, ge=1, description="largest sum of an edit's input image files, in bytes (larger: 400)"
     )
     edit_max_image_pixels: int = Field(
         40_000_000, ge=1, description="largest width * height of an edit's input image (larger: 400, a decompression bomb)"

@@ -1,0 +1,144 @@
+"""Image editing end to end: the tiny Dev model (``tools.make_tiny --dev``, its tiny MammothTok included) through the
+real services and gateway with the real openai client; the input images' checks, the byte limits (refused before the
+AR), and a model that cannot edit (the tiny Preview one) refused naming why."""
+
+from __future__ import annotations
+
+import base64
+import io
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from openai import BadRequestError, OpenAI
+from PIL import Image
+
+from protos import ar_pb2, ar_pb2_grpc, common_pb2
+from tests.e2e.conftest import Stack, running_stack
+from tools.make_tiny import make_tiny_dev
+
+URL = "/v1/images/edits"
+
+
+@pytest.fixture(scope="module")
+def dev_stack(tmp_path_factory) -> Iterator[Stack]:
+    root = tmp_path_factory.mktemp("models") / "tiny-dev"
+    make_tiny_dev(root)
+    with running_stack(root, tmp_path_factory.mktemp("logs")) as running:
+        yield running
+
+
+def png(width: int, height: int, color=(200, 40, 40), mode: str = "RGB") -> bytes:
+    buffer = io.BytesIO()
+    Image.new(mode, (width, height), color).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def padded_png(total_bytes: int, width: int = 320, height: int = 240) -> bytes:
+    """A valid PNG of ``total_bytes``: random pixels (stored, not compressed) and a private ancillary chunk of random
+    bytes, which decoders skip; cheap to decode at any byte size."""
+    import os
+
+    buffer = io.BytesIO()
+    Image.frombytes("RGB", (width, height), os.urandom(width * height * 3)).save(buffer, format="PNG", compress_level=0)
+    data = buffer.getvalue()
+    filler = os.urandom(max(0, total_bytes - len(data) - 12))
+    chunk = struct.pack(">I", len(filler)) + b"arDt" + filler + struct.pack(">I", zlib.crc32(b"arDt" + filler))
+    return data[:33] + chunk + data[33:]  # after the signature and IHDR
+
+
+def openai(stack: Stack) -> OpenAI:
+    return OpenAI(base_url=f"{stack.gateway_url}/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def decoded(b64: str | None) -> Image.Image:
+    return Image.open(io.BytesIO(base64.b64decode(b64 or "")))
+
+
+def admitted(stack: Stack) -> int:
+    with grpc.insecure_channel(stack.ar_address) as channel:
+        return ar_pb2_grpc.ImageGeneratorStub(channel).GetStatus(common_pb2.GetStatusRequest(), timeout=10).admitted_total
+
+
+def test_one_image_edit_takes_the_input_size(dev_stack: Stack) -> None:
+    answer = openai(dev_stack).images.edit(image=("in.png", png(96, 64), "image/png"), prompt="make it blue",
+                                           extra_body={"seed": 4, "num_inference_steps": 2})
+    assert answer.data is not None
+    image = decoded(answer.data[0].b64_json)
+    assert image.format == "PNG" and image.size == (96, 64)
+    assert answer.size == "96x64"
+
+
+def test_several_images_take_the_last_ones_size(dev_stack: Stack) -> None:
+    answer = openai(dev_stack).images.edit(
+        image=[("a.png", png(64, 64), "image/png"), ("b.png", png(48, 80, (10, 200, 10)), "image/png")],
+        prompt="put the first on the second", n=2, extra_body={"seed": 5, "num_inference_steps": 2})
+    assert answer.data is not None and len(answer.data) == 2
+    assert all(decoded(item.b64_json).size == (48, 80) for item in answer.data)
+
+
+def test_a_streamed_edit(dev_stack: Stack) -> None:
+    events = list(openai(dev_stack).images.edit(
+        image=("in.png", png(64, 48), "image/png"), prompt="add a moon", stream=True, partial_images=1,
+        extra_body={"seed": 6, "num_inference_steps": 2}))
+    kinds = [event.type for event in events]
+    assert kinds[-1] == "image_edit.completed" and set(kinds) <= {"image_edit.partial_image", "image_edit.completed"}
+    assert events[-1].size == "64x48" and decoded(events[-1].b64_json).size == (64, 48)
+
+
+@pytest.mark.parametrize(("data", "words"), [
+    (b"", "empty"),
+    (b"GIF89a not really", "not an image"),
+    (png(64, 64)[:-30], "truncated"),
+    (png(64, 64, (1, 2, 3, 4), "RGBA"), "alpha channel"),
+    (png(16, 16, 300, "I;16"), "16 bits"),
+])
+def test_bad_images_are_400s_naming_the_problem(dev_stack: Stack, data: bytes, words: str) -> None:
+    with pytest.raises(BadRequestError) as caught:
+        openai(dev_stack).images.edit(image=("in.png", data, "image/png"), prompt="edit")
+    assert words in str(caught.value) and caught.value.status_code == 400
+
+
+def test_a_20_mb_png_edits_and_one_over_the_limit_is_refused_before_the_ar(dev_stack: Stack) -> None:
+    big = padded_png(20_000_000)
+    assert len(big) >= 20_000_000 and Image.open(io.BytesIO(big)).size == (320, 240)
+    answer = httpx.post(f"{dev_stack.gateway_url}{URL}", files={"image": ("big.png", big, "image/png")},
+                        data={"prompt": "sharpen", "num_inference_steps": "2", "seed": "1"}, timeout=300)
+    assert answer.status_code == 200, answer.text
+    assert decoded(answer.json()["data"][0]["b64_json"]).size == (320, 240)
+    before = admitted(dev_stack)
+    over = padded_png(33_554_433)
+    refused = httpx.post(f"{dev_stack.gateway_url}{URL}", files={"image": ("over.png", over, "image/png")},
+                         data={"prompt": "sharpen"}, timeout=300)
+    assert refused.status_code == 400, refused.text
+    assert "at most 33554432" in refused.json()["error"]["message"]
+    assert admitted(dev_stack) == before  # the gateway refused it: ar_service never queued it
+
+
+def test_edit_image_over_grpc_refuses_pieces_out_of_order(dev_stack: Stack) -> None:
+    request = ar_pb2.GenerateImageRequest(prompt="edit")
+    messages = [ar_pb2.EditImageInput(request=request),
+                ar_pb2.EditImageInput(image=common_pb2.ImageChunk(index=1, data=png(32, 32), last=True))]
+    with grpc.insecure_channel(dev_stack.ar_address) as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            list(ar_pb2_grpc.ImageGeneratorStub(channel).EditImage(iter(messages), timeout=30))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "in order" in caught.value.details()
+
+
+def test_a_preview_model_refuses_edits_naming_why(stack: Stack) -> None:
+    with pytest.raises(BadRequestError) as caught:
+        openai(stack).images.edit(image=("in.png", png(64, 64), "image/png"), prompt="edit")
+    message = str(caught.value)
+    assert "does not edit images" in message and "preview" in message
+
+
+def test_tiny_dev_model_directory_holds_mammothtok(dev_stack: Stack) -> None:
+    from servicekit.checkpoint import open_checkpoint
+
+    checkpoint = open_checkpoint(Path(dev_stack.model_dir))
+    assert checkpoint.config["gen_tokenizer_config"]["codebook_size"] == 64
+    assert "gen_tokenizer.image_tokenizer.quantize.embedding.weight" in checkpoint.tensor_names("gen_tokenizer.")
