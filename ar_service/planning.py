@@ -387,7 +387,11 @@ class RequestPlanner:
         the last image to it before forwarding it). The grid is the rule's for that size, or for the size scaled
         down into the served sides when it is larger (the released code's grid does not follow the output size)."""
         if width == 0 and height == 0:
-            width, height = reference_output_size(*last.size)
+            try:
+                width, height = reference_output_size(*last.size)
+            except ValueError as exc:  # an aspect ratio over the released 200
+                raise RequestRejected(f"the last input image ({last.width}x{last.height}) cannot be an edit's "
+                                      f"reference: {exc}", param="image") from None
             try:
                 self._check_size(width, height)
             except RequestRejected as exc:
