@@ -92,6 +92,11 @@ class RenderJob:
     # (conditional, unconditional) condition as the steps take it (pipeline.branch_conditions): made when the first
     # image joins, shared by the render's images (the refiner or Q-Former runs once per render), dropped by the last
     branch_conditions: Any = None
+    # An edit's reference images, preprocessed ([3, H, W] in [-1, 1]; planning.ConditionAssembler.complete_references),
+    # and their VAE posteriors (pipeline.encode_references): encoded when the first image joins, once per render;
+    # each image then samples its reference latents from them with its own seed. None for text to image.
+    references: list[torch.Tensor] | None = None
+    reference_posteriors: Any = None
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -162,6 +167,7 @@ class DiTEngine:
         profiler: BusyProfiler | None = None,
         knob_defaults: Mapping[str, Any] | None = None,
         identity: ModelIdentity | None = None,
+        max_reference_bytes: int | None = None,
     ):
         """``batch_window_s``: how long a render about to start a new batch waits for more renders of its size while
         others are admitted (0: never waits; see the module docstring). ``knob_defaults``: the checkpoint's
@@ -184,6 +190,8 @@ class DiTEngine:
             max_condition_chunks=max_condition_chunks,
             knob_defaults=knob_defaults,
             identity=identity,
+            max_reference_images=getattr(pipeline, "max_reference_images", 0),
+            **({} if max_reference_bytes is None else {"max_reference_bytes": max_reference_bytes}),
         )
         self.max_batch_size = max_batch_size
         self.max_queued_renders = max_queued_renders
@@ -276,12 +284,21 @@ class DiTEngine:
         return self.planner.assembler(plan)
 
     def submit(
-        self, plan: RenderPlan, condition: torch.Tensor, uncond: torch.Tensor, admitted: bool = False, trace: Any = None
+        self, plan: RenderPlan, condition: torch.Tensor, uncond: torch.Tensor, admitted: bool = False, trace: Any = None,
+        references: list[torch.Tensor] | None = None,
     ) -> RenderJob:
         """Queues a render (FIFO). Without a prior ``admit`` the bound is checked here (QueueFull).
 
-        ``trace``: the render's trace context; each image's denoise, VAE decode and encode spans open under it."""
-        job = RenderJob(plan=plan, condition=condition, uncond=uncond, wake=self._wake, trace=trace)
+        ``trace``: the render's trace context; each image's denoise, VAE decode and encode spans open under it.
+        ``references``: an edit's preprocessed reference images (``ConditionAssembler.complete_references``); the plan
+        then has their size."""
+        if (references is not None) != bool(plan.reference_images) or (
+            references is not None and len(references) != plan.reference_images
+        ):
+            raise ValueError(f"the plan declares {plan.reference_images} reference images; got "
+                             f"{0 if references is None else len(references)}")
+        job = RenderJob(plan=plan, condition=condition, uncond=uncond, wake=self._wake, trace=trace,
+                        references=references)
         with self._lock:
             if admitted:
                 self._reserved = max(0, self._reserved - 1)
@@ -414,8 +431,18 @@ class DiTEngine:
                     uncond_condition=job.uncond,
                 )
             conditions = job.branch_conditions
+            edit = {}
+            if job.references is not None:  # an edit: the VAE encodes the references once per render
+                if job.reference_posteriors is None:
+                    with stage(self.profiler, "dit.vae_encode"), tracing.span("dit.vae_encode", job.trace):
+                        job.reference_posteriors = self.pipeline.encode_references(job.references)
+                edit = dict(
+                    references=self.pipeline.sample_references(job.reference_posteriors, plan.seed + image),
+                    image_guidance=plan.knobs.get("image_guidance_scale", 1.0),
+                )
             if image == plan.n - 1:  # the last image to join: the entries hold the conditions from here on
                 job.branch_conditions = None
+                job.references = job.reference_posteriors = None
             entry = self.pipeline.start_prepared_entry(
                 conditions,
                 width=plan.width,
@@ -425,6 +452,7 @@ class DiTEngine:
                 guidance=plan.knobs["text_guidance_scale"],
                 cfg_range=tuple(plan.knobs["cfg_range"]),
                 cache_threshold=plan.knobs.get("dit_cache_threshold", 0.0),
+                **edit,
             )
         except Exception as exc:
             log.exception("render %s could not start", plan.request_id)

@@ -1,6 +1,8 @@
 """dit_service's request planning: a Render header checked against the served model and the service's limits,
 and resolved (sizes, seed, knobs with their defaults) into a ``RenderPlan``; then the condition chunks that follow
-it, checked one by one into buffers the plan sized (``ConditionAssembler``).
+it, checked one by one into buffers the plan sized (``ConditionAssembler``), and the reference images of an edit
+(``ImageChunk`` pieces of each image's file), reassembled, decoded and preprocessed (dit_service/references.py);
+with references the picture's size is the last reference's after preprocessing, settled when they have arrived.
 
 Planning is kept apart from scheduling (dit_service/engine.py queues, batches and steps plans; it validates
 nothing): everything a caller can get wrong is refused here, with the parameter at fault, before the render takes
@@ -17,6 +19,7 @@ from typing import Any
 import grpc
 import torch
 
+from dit_service.references import load_reference
 from protos.formats import FORMATS
 from protos.knobs import KnobTable
 from protos.previews import MAX_PARTIAL_IMAGES, preview_steps
@@ -27,6 +30,8 @@ CONDITION_KINDS = ("text", "image", "negative")
 MAX_IMAGES = 10
 #: The most pixels of one enlarged picture (RenderHeader.upscale): 8192x8192, 192 MiB of RGB before encoding.
 MAX_ANSWERED_PIXELS = 8192 * 8192
+#: The most bytes of one reference image's file (the sum of its ImageChunk pieces), unless the service says otherwise.
+DEFAULT_MAX_REFERENCE_BYTES = 32 * 1024 * 1024
 
 
 @dataclass
@@ -47,6 +52,9 @@ class RenderPlan:
     index_offset: int = 0
     partial_images: int = 0
     upscale: int = 1  # the pictures sent are width*upscale x height*upscale (imaging.enlarge)
+    # Reference images the Render carries (an edit); width and height are 0 until they have arrived and then the last
+    # reference's preprocessed size (``ConditionAssembler.complete_references``).
+    reference_images: int = 0
 
     @property
     def answered_size(self) -> tuple[int, int]:
@@ -69,11 +77,21 @@ class ConditionAssembler:
     ``max_chunks`` chunks.
     """
 
-    def __init__(self, plan: RenderPlan, max_chunk_bytes: int | None = None, max_chunks: int | None = None):
+    def __init__(
+        self, plan: RenderPlan, max_chunk_bytes: int | None = None, max_chunks: int | None = None,
+        max_reference_bytes: int = DEFAULT_MAX_REFERENCE_BYTES, settle_size: Any = None,
+    ):
+        """``settle_size(plan, width, height)``: the planner's check of the size the references give the picture."""
         self.plan = plan
         self.max_chunk_bytes = max_chunk_bytes
         self.max_chunks = max_chunks
+        self.max_reference_bytes = max_reference_bytes
+        self.settle_size = settle_size
         self.chunks = 0
+        # Reference files as their pieces arrive: index -> pieces; an index is closed by its piece with last = true.
+        self.reference_pieces: dict[int, list[bytes]] = {}
+        self.reference_bytes: dict[int, int] = {}
+        self.reference_closed: set[int] = set()
         self.buffers = {
             kind: torch.empty((count, plan.hidden_size), dtype=plan.dtype) for kind, count in plan.positions.items()
         }
@@ -140,6 +158,71 @@ class ConditionAssembler:
         self.buffers[kind][offset:end] = hidden
         self.filled[kind][offset:end] = True
 
+    def add_reference_piece(self, index: int, data: bytes, last: bool) -> None:
+        """One ``ImageChunk`` of reference ``index``'s file: checked against the header's count, the chunk limits and
+        the per-image byte limit, and kept until the image is complete."""
+        self.chunks += 1
+        if self.max_chunks is not None and self.chunks > self.max_chunks:
+            raise RequestRejected(f"a Render stream may send at most {self.max_chunks} chunks", param="reference")
+        count = self.plan.reference_images
+        if count == 0:
+            raise RequestRejected(
+                "a reference image piece arrived, but the header declares reference_images 0", param="reference_images"
+            )
+        if index >= count:
+            raise RequestRejected(
+                f"reference image index {index} is out of range: the header declares {count} reference images "
+                f"(indices 0..{count - 1})",
+                param="reference.index",
+            )
+        if index in self.reference_closed:
+            raise RequestRejected(
+                f"reference image {index} received a piece after its last one (last = true)", param="reference.index"
+            )
+        if self.max_chunk_bytes is not None and len(data) > self.max_chunk_bytes:
+            raise RequestRejected(
+                f"reference image piece of {len(data)} bytes is over the {self.max_chunk_bytes}-byte limit; send "
+                "smaller pieces",
+                param="reference.data",
+            )
+        total = self.reference_bytes.get(index, 0) + len(data)
+        if total > self.max_reference_bytes:
+            raise RequestRejected(
+                f"reference image {index} is over the {self.max_reference_bytes}-byte limit of one reference file",
+                param="reference.data",
+            )
+        self.reference_bytes[index] = total
+        self.reference_pieces.setdefault(index, []).append(bytes(data))
+        if last:
+            self.reference_closed.add(index)
+
+    def complete_references(self) -> list[torch.Tensor] | None:
+        """The reference images, decoded and preprocessed (float32 [3, H, W] in [-1, 1], in index order), once every
+        declared one has arrived whole; None without references. Settles the plan's width and height to the last
+        one's size (the released rule: t2i_utils.py 337-345) through the planner's checks."""
+        count = self.plan.reference_images
+        if count == 0:
+            return None
+        missing = [i for i in range(count) if i not in self.reference_closed]
+        if missing:
+            partial = [i for i in missing if i in self.reference_pieces]
+            what = f"reference image {missing[0]} " + ("is incomplete (no piece with last = true)"
+                                                       if missing[0] in partial else "never arrived")
+            raise RequestRejected(
+                f"the header declares {count} reference images, but {len(missing)} did not arrive whole: {what}",
+                param="reference_images",
+            )
+        images = []
+        for i in range(count):
+            data = b"".join(self.reference_pieces.pop(i))
+            images.append(load_reference(data, i))
+        height, width = images[-1].shape[-2:]
+        if self.settle_size is not None:
+            self.settle_size(self.plan, int(width), int(height))
+        else:
+            self.plan.width, self.plan.height = int(width), int(height)
+        return images
+
     def complete(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(condition, unconditional condition) once every declared position has arrived."""
         for kind, filled in self.filled.items():
@@ -169,7 +252,12 @@ class RenderPlanner:
         max_condition_chunks: int | None = None,
         knob_defaults: Mapping[str, Any] | None = None,
         identity: ModelIdentity | None = None,
+        max_reference_images: int = 0,
+        max_reference_bytes: int = DEFAULT_MAX_REFERENCE_BYTES,
     ):
+        """``max_reference_images``: how many reference images (edits) the served DiT takes; 0 refuses them."""
+        self.max_reference_images = max_reference_images
+        self.max_reference_bytes = max_reference_bytes
         self.size_multiple = size_multiple
         self.condition_dim = condition_dim
         self.requires_image_condition = requires_image_condition
@@ -202,8 +290,10 @@ class RenderPlanner:
         partial_images: int = 0,
         model: ModelIdentity | None = None,
         upscale: int = 1,
+        reference_images: int = 0,
     ) -> RenderPlan:
-        """Checks a render header; raises RequestRejected naming the field at fault."""
+        """Checks a render header; raises RequestRejected naming the field at fault. With ``reference_images`` the
+        header's width and height are ignored (the references give the size: ``settle_size``)."""
         if model is not None and self.identity is not None and model != self.identity:
             # Before anything else: a condition of another model is never rendered, whatever else the header says.
             raise RequestRejected(
@@ -212,24 +302,24 @@ class RenderPlanner:
                 param="model",
                 code=grpc.StatusCode.FAILED_PRECONDITION,
             )
-        multiple = self.size_multiple
-        for name, side in (("width", width), ("height", height)):
-            if side <= 0 or side % multiple:
-                raise RequestRejected(f"{name} must be a positive multiple of {multiple}; got {side}", param=name)
-            if self.max_side is not None and side > self.max_side:
-                raise RequestRejected(f"{name} must be at most {self.max_side}; got {side}", param=name)
-        if self.max_pixels is not None and width * height > self.max_pixels:
-            raise RequestRejected(
-                f"{width}x{height} is {width * height} pixels; at most {self.max_pixels} are accepted", param="width"
-            )
+        if reference_images:
+            if self.max_reference_images == 0:
+                raise RequestRejected(
+                    "this model's DiT takes no reference images (editing is served for the MammothModa2-Dev layout)",
+                    param="reference_images",
+                )
+            if reference_images > self.max_reference_images:
+                raise RequestRejected(
+                    f"reference_images must be at most {self.max_reference_images} (the DiT's image_index_embedding "
+                    f"has {self.max_reference_images} rows); got {reference_images}",
+                    param="reference_images",
+                )
         if not 1 <= upscale <= MAX_UPSCALE:
             raise RequestRejected(f"upscale must be between 1 and {MAX_UPSCALE}; got {upscale}", param="upscale")
-        if width * height * upscale**2 > MAX_ANSWERED_PIXELS:
-            raise RequestRejected(
-                f"{width}x{height} enlarged {upscale} times is {width * upscale}x{height * upscale}; at most "
-                f"{MAX_ANSWERED_PIXELS} pixels per picture are sent",
-                param="upscale",
-            )
+        if reference_images:
+            width = height = 0  # ignored: the last reference's preprocessed size, once it has arrived
+        else:
+            self.check_size(width, height, upscale)
         if not 1 <= n <= MAX_IMAGES:
             raise RequestRejected(f"n must be between 1 and {MAX_IMAGES}; got {n}", param="n")
         if seed is not None and seed + n - 1 >= 2**64:
@@ -284,8 +374,44 @@ class RenderPlanner:
             index_offset=index_offset,
             partial_images=partial_images,
             upscale=upscale,
+            reference_images=reference_images,
         )
 
+    def check_size(self, width: int, height: int, upscale: int, param: str | None = None) -> None:
+        """The picture size against the pixel multiple and the service's limits; ``param``: the field to blame
+        (default: width/height/upscale)."""
+        multiple = self.size_multiple
+        for name, side in (("width", width), ("height", height)):
+            if side <= 0 or side % multiple:
+                raise RequestRejected(f"{name} must be a positive multiple of {multiple}; got {side}", param=param or name)
+            if self.max_side is not None and side > self.max_side:
+                raise RequestRejected(f"{name} must be at most {self.max_side}; got {side}", param=param or name)
+        if self.max_pixels is not None and width * height > self.max_pixels:
+            raise RequestRejected(
+                f"{width}x{height} is {width * height} pixels; at most {self.max_pixels} are accepted",
+                param=param or "width",
+            )
+        if width * height * upscale**2 > MAX_ANSWERED_PIXELS:
+            raise RequestRejected(
+                f"{width}x{height} enlarged {upscale} times is {width * upscale}x{height * upscale}; at most "
+                f"{MAX_ANSWERED_PIXELS} pixels per picture are sent",
+                param=param or "upscale",
+            )
+
+    def settle_size(self, plan: RenderPlan, width: int, height: int) -> None:
+        """Gives an edit's plan the size of its last reference after preprocessing, checked like a header's size
+        (blaming the reference)."""
+        try:
+            self.check_size(width, height, plan.upscale, param="reference")
+        except RequestRejected as exc:
+            raise RequestRejected(
+                f"the last reference image gives the picture its size, {width}x{height} after preprocessing: "
+                f"{exc.message}",
+                param="reference",
+            ) from None
+        plan.width, plan.height = width, height
+
     def assembler(self, plan: RenderPlan) -> ConditionAssembler:
-        """The chunk checker and buffers of ``plan``'s condition, under this service's chunk limits."""
-        return ConditionAssembler(plan, self.max_chunk_bytes, self.max_condition_chunks)
+        """The chunk checker and buffers of ``plan``'s condition and references, under this service's limits."""
+        return ConditionAssembler(plan, self.max_chunk_bytes, self.max_condition_chunks, self.max_reference_bytes,
+                                  self.settle_size)

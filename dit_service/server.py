@@ -1,7 +1,8 @@
 """dit_service's gRPC transport: the Renderer service, health and reflection.
 
 Turns RenderInput messages into engine calls and engine events into RenderEvents. The
-stream protocol is header, condition chunks, end marker; anything else is INVALID_ARGUMENT.
+stream protocol is header, condition chunks and reference-image pieces (an edit), end marker; anything else is
+INVALID_ARGUMENT.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def _plan_from_header(planner: RenderPlanner, header: dit_pb2.RenderHeader) -> R
         partial_images=header.partial_images,
         model=ModelIdentity(header.model.name, header.model.fingerprint) if header.HasField("model") else None,
         upscale=header.upscale or 1,
+        reference_images=header.reference_images,
     )
 
 
@@ -186,9 +188,13 @@ class RendererServicer(dit_pb2_grpc.RendererServicer):
                 kind_name = KIND_NAMES.get(chunk.kind, "unspecified")
                 assembler.precheck(kind_name, chunk.offset, tensor.dtype, list(tensor.shape), len(tensor.data))
                 assembler.add(KIND_NAMES.get(chunk.kind, "unspecified"), chunk.offset, decode_tensor(chunk.hidden_states))
+            elif kind == "reference":
+                piece = message.reference
+                assembler.add_reference_piece(piece.index, piece.data, piece.last)
             elif kind == "end":
                 condition, uncond = assembler.complete()
-                return engine.submit(plan, condition, uncond, admitted=True, trace=trace)
+                references = assembler.complete_references()  # decoded here, off the engine's worker
+                return engine.submit(plan, condition, uncond, admitted=True, trace=trace, references=references)
             else:
                 raise RequestRejected(f"unexpected {kind or 'empty'} message inside a Render stream", param=kind or "input")
         if not context.is_active():

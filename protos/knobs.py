@@ -154,6 +154,11 @@ MAMMOTHMODA2_KNOBS = KnobTable(
              default=50, minimum=1, maximum=200),
         Knob("text_guidance_scale", "float", "dit", "Classifier-free guidance scale; <= 1 disables guidance.",
              default=9.0, minimum=0.0, maximum=30.0),
+        Knob("image_guidance_scale", "float", "dit",
+             "Image guidance of an edit (MammothModa2-Dev, reference images): with text guidance > 1 and this > 1 each "
+             "guided step runs three branches, uncond + scale * (ref - uncond) + text_guidance_scale * (cond - ref); "
+             "<= 1 leaves two-way text guidance. Accepted and without effect for text to image (no reference images).",
+             default=2.0, minimum=0.0, maximum=30.0),
         Knob("cfg_range", "float_pair", "dit", "Guidance applies to steps i with start <= i/N <= end.",
              default=[0.0, 1.0], minimum=0.0, maximum=1.0),
         Knob("cfg_execution_mode", "string", "dit",

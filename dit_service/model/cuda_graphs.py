@@ -12,6 +12,9 @@ The first call of a signature runs eagerly (it also lets torch.compile, cuDNN an
 work outside a capture), the second is captured, later ones replay. Graphs share one memory pool; at most
 ``max_graphs`` are kept, the least recently used dropped first. If a capture fails, graphs are turned off for
 the process (logged once) and every call runs eagerly.
+
+A call with reference latents (an edit's cond and ref branches) runs eagerly: its shapes depend on each reference's
+size, one more key a graph would be captured for, rarely seen twice. Counted as ``eager_edit``.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ class GraphedTransformer:
         self.transformer = transformer
         self.max_graphs = max_graphs
         self.disabled_reason: str | None = None
-        self.counts = {"eager": 0, "captured": 0, "replayed": 0, "evicted": 0}
+        self.counts = {"eager": 0, "eager_edit": 0, "captured": 0, "replayed": 0, "evicted": 0}
         self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()
         self._seen: OrderedDict[tuple, None] = OrderedDict()
         self._pool: torch.cuda._POOL_HANDLE | None = None  # the type torch.cuda.graph_pool_handle() returns
@@ -52,8 +55,12 @@ class GraphedTransformer:
     def __call__(
         self, latents: torch.Tensor, timestep: torch.Tensor, condition: torch.Tensor,
         condition_lengths: Sequence[int] | None = None,
+        references: Sequence[Sequence[torch.Tensor] | None] | None = None,
     ) -> torch.Tensor:
         lengths = None if condition_lengths is None else tuple(int(n) for n in condition_lengths)
+        if references is not None and any(references):  # an edit: eager (module docstring)
+            self.counts["eager_edit"] += 1
+            return self.transformer(latents, timestep, condition, lengths, references=references)
         if self.disabled_reason is not None or not latents.is_cuda:
             return self._eager(latents, timestep, condition, lengths)
         key = (latents.device, *((tuple(t.shape), t.dtype) for t in (latents, timestep, condition)), lengths)

@@ -374,13 +374,69 @@ class DiTPipeline:
         guidance: float,
         cfg_range: tuple[float, float] = (0.0, 1.0),
         cache_threshold: float = 0.0,
+        references: list[torch.Tensor] | None = None,
+        image_guidance: float = 1.0,
     ) -> DenoiseEntry:
-        """``start_entry`` from a request's ``branch_conditions``: the images of one request share them."""
+        """``start_entry`` from a request's ``branch_conditions``: the images of one request share them.
+        ``references``: an edit's reference latents (``sample_references``), which every step of the conditional and
+        the reference branch takes; ``image_guidance``: the image guidance scale (forced to 1 without references, as
+        t2i_utils.py 342-344)."""
         condition, uncond = conditions
+        if references is not None:
+            if not references or len(references) > self.max_reference_images:
+                raise ValueError(f"an edit takes 1 to {self.max_reference_images} reference latents; got {len(references)}")
+            p = self.patch_size
+            for j, ref in enumerate(references):
+                if ref.ndim != 3 or ref.shape[0] != self.latent_channels or ref.shape[1] % p or ref.shape[2] % p:
+                    raise ValueError(f"reference latent {j} must be [{self.latent_channels}, h, w] with h and w "
+                                     f"multiples of {p}; got {tuple(ref.shape)}")
         return start_entry(
             condition, uncond, self.latent_shape(width, height), seed, steps, guidance, (cfg_range[0], cfg_range[1]),
             device=self.device, dtype=self.dtype, cfg_range_policy=self.cfg_range_policy, cache_threshold=cache_threshold,
+            references=references, image_guidance=image_guidance,
         )
+
+    # -- editing: reference images -------------------------------------------------------------------------------------
+
+    @property
+    def max_reference_images(self) -> int:
+        """How many reference images a render may carry: the Dev layout's DiT takes up to its image_index_embedding's
+        rows (5); the Preview layout serves text to image only (0)."""
+        return self.transformer.image_index_embedding.shape[0] if self.transformer.is_image_embedder else 0
+
+    @torch.no_grad()
+    def encode_references(self, images: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Preprocessed reference images ([3, H, W] in [-1, 1], dit_service/references.py) -> the VAE posterior of each,
+        (mean, std) float32 [C, H/8, W/8] on the CPU: the encoder runs once per render (modeling_mammothmoda2.py
+        176-198 encodes each reference once and gives the latents to every output row, t2i_utils.py 337-346)."""
+        posteriors = []
+        for j, image in enumerate(images):
+            if image.ndim != 3 or image.shape[0] != 3:
+                raise ValueError(f"reference image {j} must be [3, H, W]; got {tuple(image.shape)}")
+            x = image[None].to(device=self.device, dtype=self.dtype)
+            dist = self.vae.encode(x).latent_dist
+            posteriors.append((dist.mean[0].float().cpu(), dist.std[0].float().cpu()))
+        return posteriors
+
+    def sample_references(self, posteriors: list[tuple[torch.Tensor, torch.Tensor]], seed: int) -> list[torch.Tensor]:
+        """Each reference's latents for the image of ``seed``: a draw from its VAE posterior, mean + std * noise, then
+        (z - shift_factor) * scaling_factor (modeling_mammothmoda2.py 176-198, ``_apply_vae_scaling``).
+
+        The released code draws with ``latent_dist.sample()`` from the global RNG, so an edit is not reproducible
+        there; here the noise comes from a CPU generator seeded from the image's seed and the reference's index
+        (``reference_seed``, a stream apart from the initial noise's), so the same seed gives the same image on any
+        device, alone or batched, and split or not (index_offset). Float32, on the CPU; the transformer casts."""
+        config = self.vae.config
+        latents = []
+        for j, (mean, std) in enumerate(posteriors):
+            generator = torch.Generator("cpu").manual_seed(reference_seed(seed, j))
+            z = mean + std * torch.randn(mean.shape, generator=generator, dtype=torch.float32)
+            if config.get("shift_factor") is not None:
+                z = z - config["shift_factor"]
+            if config.get("scaling_factor") is not None:
+                z = z * config["scaling_factor"]
+            latents.append(z)
+        return latents
 
     def step(self, entries: list[DenoiseEntry], separate: bool = False) -> int:
         """One Euler step for every entry (same latent shape), in one transformer call unless ``separate``."""
@@ -442,6 +498,15 @@ class DiTPipeline:
         image = self.vae.decode(z, return_dict=False)[0][0].float().clamp(-1, 1)
         pixels = ((image + 1) * 127.5).round().to(torch.uint8)
         return pixels.permute(1, 2, 0).cpu().numpy()
+
+
+def reference_seed(seed: int, index: int) -> int:
+    """The seed of reference ``index``'s posterior draw for the image of ``seed``: splitmix64 of both, so that it is
+    never the initial noise's seed (the same shape would otherwise draw the same numbers)."""
+    x = (seed * 0x9E3779B97F4A7C15 + (index + 1) * 0xBF58476D1CE4E5B9) % 2**64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % 2**64
+    return x ^ (x >> 31)
 
 
 # -- Preview shapes -----------------------------------------------------------------------------------------------

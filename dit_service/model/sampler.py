@@ -17,6 +17,13 @@ and ``pipeline_mammothmoda2_dit.py``:
   released qwen25vl ``t2i_utils.py`` lines 218-219 overwrite the scale in place, so the first step outside the range
   turns guidance off for good ("off_after_first_exit").
 
+Editing (main ``mamoda2/mammothmoda2/utils/t2i_utils.py`` 187-273, 337-346): an entry with reference latents runs
+three-way guidance. Branches: cond (its condition and the references), ref (the unconditional condition and the
+references, no Q-Former tokens) and uncond (the unconditional condition, no references). With text guidance tg > 1 and
+image guidance ig > 1, pred = uncond + ig (ref - uncond) + tg (cond - ref); with only tg > 1, pred = uncond +
+tg (cond - uncond), the uncond branch without references; otherwise pred = cond (also when ig > 1 and tg <= 1).
+Without references ig is 1. cfg_range switches both scales together (224-225), under the same ``cfg_range_policy``.
+
 ``gen_transport_config`` only parameterises the training transport upstream (it is passed to create_transport,
 which inference never uses), so nothing here reads it.
 
@@ -127,9 +134,13 @@ class DenoiseEntry:
     cache_threshold: float = 0.0
     cache_accum: float = 0.0
     cache_last: torch.Tensor | None = None  # the indicator at the previous step
-    cache_cfg: bool | None = None  # whether the last computed step was guided
+    cache_cfg: int | None = None  # the last computed step's branch count (``branches``: guided or not, and how)
     computed_steps: int = 0  # steps that called the transformer
     skipped_steps: int = 0  # steps that reused the last computed velocity
+    # An edit: the reference latents ([C, h_j, w_j] each) the cond and ref branches take, and the image guidance
+    # scale (1 without references: t2i_utils.py 342-344).
+    references: list[torch.Tensor] | None = None
+    image_guidance: float = 1.0
 
     @property
     def done(self) -> bool:
@@ -142,6 +153,14 @@ class DenoiseEntry:
 
     def wants_cfg(self) -> bool:
         return uses_cfg(self.step, self.steps, self.guidance, self.cfg_range, self.cfg_range_policy)
+
+    def branches(self) -> int:
+        """Transformer rows this step: 3 (cond, ref, uncond: text and image guidance), 2 (cond, uncond) or 1 (cond).
+        cfg_range gates both scales at once (t2i_utils.py 224-225): the image scale applies only where the text one
+        does, as the released branch test ``tg > 1 and ig > 1`` reads."""
+        if not self.wants_cfg():
+            return 1
+        return 3 if self.references is not None and self.image_guidance > 1.0 else 2
 
     def predicted_data(self) -> torch.Tensor:
         """The clean latents the last step points at: x_t + (1 - t) * v on the straight path (t = data's time 1).
@@ -156,6 +175,7 @@ class DenoiseEntry:
         empty = torch.empty(0)
         self.cond = self.uncond = self.latents = self.t = empty
         self.velocity = self.cache_last = None
+        self.references = None
 
 
 def start_entry(
@@ -171,8 +191,11 @@ def start_entry(
     dynamic_time_shift: bool = True,
     cfg_range_policy: str = "per_step",
     cache_threshold: float = 0.0,
+    references: list[torch.Tensor] | None = None,
+    image_guidance: float = 1.0,
 ) -> DenoiseEntry:
-    """Seeded initial noise and this image's own schedule."""
+    """Seeded initial noise and this image's own schedule. ``references``: an edit's reference latents (kept on
+    ``device`` in ``dtype``); ``image_guidance`` is 1 without them."""
     if not 0.0 <= cache_threshold <= MAX_CACHE_THRESHOLD:
         raise ValueError(f"cache_threshold must be between 0 and {MAX_CACHE_THRESHOLD}; got {cache_threshold}")
     if cfg_range_policy not in CFG_RANGE_POLICIES:
@@ -188,6 +211,8 @@ def start_entry(
         cfg_range=(float(cfg_range[0]), float(cfg_range[1])),
         cfg_range_policy=cfg_range_policy,
         cache_threshold=float(cache_threshold),
+        references=None if references is None else [r.to(device=device, dtype=dtype) for r in references],
+        image_guidance=float(image_guidance) if references is not None else 1.0,
     )
 
 
@@ -207,7 +232,7 @@ def _reuses_velocity(entry: DenoiseEntry, indicator: Callable[..., torch.Tensor]
         return False
     current = indicator(entry.latents.to(dtype), entry.t[entry.step : entry.step + 1])
     previous, entry.cache_last = entry.cache_last, current
-    if previous is None or entry.velocity is None or entry.step >= entry.steps - 1 or entry.cache_cfg != entry.wants_cfg():
+    if previous is None or entry.velocity is None or entry.step >= entry.steps - 1 or entry.cache_cfg != entry.branches():
         entry.cache_accum = 0.0
         return False
     entry.cache_accum += float((current - previous).abs().mean() / previous.abs().mean().clamp_min(1e-12))
@@ -250,41 +275,63 @@ def step_entries(
     entries = [entry for entry in entries if not any(entry is r for r in reused)]
     if not entries:
         return 0
-    latents, times, conds, owners = [], [], [], []
-    for k, entry in enumerate(entries):
+    latents, times, conds, refs = [], [], [], []
+    for entry in entries:
         model_in = entry.latents.to(dtype)
-        cfg = entry.wants_cfg()
-        for branch in (entry.cond, entry.uncond) if cfg else (entry.cond,):
+        rows = branch_rows(entry)
+        for branch, references in rows:
             latents.append(model_in)
             times.append(entry.t[entry.step : entry.step + 1])
             conds.append(branch)
-            owners.append(k)
+            refs.append(references)
+    # Reference latents go to the transformer only when a row has some: text-to-image calls keep their signature.
+    extra = (lambda rows: {"references": rows}) if any(r is not None for r in refs) else (lambda rows: {})  # noqa: E731
     if separate:
-        preds = [transformer(x, t, c[None], [c.shape[0]]).float() for x, t, c in zip(latents, times, conds, strict=True)]
+        preds = [transformer(x, t, c[None], [c.shape[0]], **extra([r])).float()
+                 for x, t, c, r in zip(latents, times, conds, refs, strict=True)]
         out = torch.cat(preds)
         calls = len(preds)
     else:
         packed, lengths = pack_conditions(conds)
-        out = transformer(torch.cat(latents), torch.cat(times), packed, lengths).float()
+        out = transformer(torch.cat(latents), torch.cat(times), packed, lengths, **extra(refs)).float()
         calls = 1
     row = 0
     for entry in entries:
-        pred = out[row : row + 1]
-        if entry.wants_cfg():
-            pred_uncond = out[row + 1 : row + 2]
-            pred = pred_uncond + entry.guidance * (pred - pred_uncond)
-            row += 2
-            entry.rows += 2
-        else:
-            row += 1
-            entry.rows += 1
+        branches = entry.branches()
+        pred = guided_velocity(entry, out[row : row + branches])
+        row += branches
+        entry.rows += branches
         i = entry.step
-        entry.cache_cfg = entry.wants_cfg()
+        entry.cache_cfg = branches
         entry.latents = entry.latents + (entry.t[i + 1] - entry.t[i]) * pred
         entry.velocity = pred
         entry.computed_steps += 1
         entry.step += 1
     return calls
+
+
+def branch_rows(entry: DenoiseEntry) -> list[tuple[torch.Tensor, list[torch.Tensor] | None]]:
+    """The transformer rows of ``entry``'s step, (condition, reference latents or None), in the order
+    ``guided_velocity`` reads them: cond, then ref and uncond (three-way) or uncond (two-way)."""
+    branches = entry.branches()
+    if branches == 3:
+        return [(entry.cond, entry.references), (entry.uncond, entry.references), (entry.uncond, None)]
+    if branches == 2:
+        return [(entry.cond, entry.references), (entry.uncond, None)]
+    return [(entry.cond, entry.references)]
+
+
+def guided_velocity(entry: DenoiseEntry, preds: torch.Tensor) -> torch.Tensor:
+    """The step's velocity [1, C, h, w] from ``entry``'s branch predictions ``preds`` [branches, C, h, w]
+    (t2i_utils.py 246-262)."""
+    branches = entry.branches()
+    if branches == 3:
+        cond, ref, uncond = preds[0:1], preds[1:2], preds[2:3]
+        return uncond + entry.image_guidance * (ref - uncond) + entry.guidance * (cond - ref)
+    if branches == 2:
+        cond, uncond = preds[0:1], preds[1:2]
+        return uncond + entry.guidance * (cond - uncond)
+    return preds[0:1]
 
 
 def denoise(

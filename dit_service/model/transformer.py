@@ -22,8 +22,8 @@ Facts taken from the references (no code copied):
   min(dim,1024) -> 4*dim with bias; scale_msa, gate_msa, scale_mlp, gate_mlp; tanh gates) in modulated blocks and a
   plain RMSNorm in the context refiner, ffn_norm1, norm2, ffn_norm2.
 - Refiners: ``noise_refiner`` and ``ref_image_refiner`` (modulated) and ``context_refiner`` (not modulated), each
-  ``num_refiner_layers`` deep; ``ref_image_patch_embedder`` and ``image_index_embedding`` [5, hidden] exist for
-  reference images (editing), unused by text-to-image but part of the checkpoint.
+  ``num_refiner_layers`` deep; ``ref_image_patch_embedder`` and ``image_index_embedding`` [5, hidden] embed the
+  reference images of an edit (``reference_tokens``; diffusion_transformer.py 416-502), unused by text to image.
 - ``norm_out``: LayerNorm without affine (eps 1e-6) scaled by 1 + linear_1(silu(temb)), then linear_2 to p*p*C.
 - Timestep: diffusers ``Timesteps(256, flip_sin_to_cos=True, downscale_freq_shift=0, scale=timestep_scale)`` then
   ``TimestepEmbedding(256 -> min(hidden, 1024))``; the timestep is cast to the model dtype first (t2i_utils.py
@@ -523,15 +523,74 @@ class MammothDiT(nn.Module):
 
     # -- forward --------------------------------------------------------------------------------------------------
 
+    def reference_positions(self, caption_length: int, sizes: Sequence[tuple[int, int]]) -> tuple[list[torch.Tensor], int]:
+        """RoPE position ids [n_j, 3] of each reference's tokens and the target's axis-0 position (rope_real.py
+        217-258): reference j at axis 0 = caption_length + sum over i < j of max(Ht_i, Wt_i), rows and columns from 0
+        on axes 1 and 2; the target at caption_length + the sum over all references. ``sizes``: the references'
+        token grids (Ht, Wt)."""
+        shift = caption_length
+        positions = []
+        for gh, gw in sizes:
+            rows = torch.arange(gh).repeat_interleave(gw)
+            cols = torch.arange(gw).repeat(gh)
+            positions.append(torch.stack([torch.full((gh * gw,), shift), rows, cols], dim=-1))
+            shift += max(gh, gw)
+        return positions, shift
+
+    def reference_tokens(
+        self, references: Sequence[torch.Tensor], timestep: torch.Tensor, caption_length: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """One sample's reference images as joint-sequence tokens (diffusion_transformer.py 416-502, 504-584): each
+        reference latent [C, h, w] patchified like the target ("c (h p) (w p) -> (h w) (p p c)"), through
+        ``ref_image_patch_embedder``, plus ``image_index_embedding[j]``, then through ``ref_image_refiner`` (modulated
+        by the sample's timestep ``timestep`` [1]) with its own RoPE, one reference at a time (the released code
+        batches them with a mask per reference: the same attention). Returns the tokens [R, D] (the references back
+        to back), their cos/sin [R, rope/2] and the target's axis-0 position.
+
+        Computed for the sample alone (its own timestep embedding, token tensors padded to MIN_ROWS), so a sample's
+        reference tokens never depend on its batch-mates."""
+        if len(references) > self.image_index_embedding.shape[0]:
+            raise ValueError(f"at most {self.image_index_embedding.shape[0]} reference images; got {len(references)}")
+        p, dtype = self.patch_size, self.dtype
+        device = self.x_embedder.weight.device
+        sizes = []
+        for j, ref in enumerate(references):
+            if ref.ndim != 3 or ref.shape[0] != self.in_channels or ref.shape[1] % p or ref.shape[2] % p:
+                raise ValueError(f"reference latent {j} must be [{self.in_channels}, h, w] with h and w multiples of "
+                                 f"{p}; got {tuple(ref.shape)}")
+            sizes.append((ref.shape[1] // p, ref.shape[2] // p))
+        positions, target_shift = self.reference_positions(caption_length, sizes)
+        t = F.pad(timestep.to(device=device, dtype=dtype).reshape(-1)[:1], (0, _rows(1) - 1))
+        temb = self.time_caption_embed.timestep_embedding(t, dtype)
+        tokens, coses, sines = [], [], []
+        for j, (ref, pos) in enumerate(zip(references, positions, strict=True)):
+            n = pos.shape[0]
+            pad = _rows(n) - n
+            x = self.ref_image_patch_embedder(F.pad(self._patchify(ref[None].to(device=device, dtype=dtype)), (0, 0, 0, pad)))
+            x = x + self.image_index_embedding[j].to(dtype)
+            cos, sin = rope_tables(pos.to(device)[None], self.axes_dim_rope)
+            pcos, psin = F.pad(cos, (0, 0, 0, pad)), F.pad(sin, (0, 0, 0, pad))
+            for layer in self.ref_image_refiner:
+                x = layer(x, pcos, psin, [n] if pad else None, temb)
+            tokens.append(x[0, :n])
+            coses.append(cos[0])
+            sines.append(sin[0])
+        return torch.cat(tokens), torch.cat(coses), torch.cat(sines), target_shift
+
     def forward(
         self,
         latents: torch.Tensor,
         timestep: torch.Tensor,
         condition: torch.Tensor,
         condition_lengths: Sequence[int] | None = None,
+        references: Sequence[Sequence[torch.Tensor] | None] | None = None,
     ) -> torch.Tensor:
         """latents [B,C,h,w], timestep [B], condition [B,L,step_condition_dim]; sample i uses condition[i, :lengths[i]]
-        (in the Dev layout the rows are the context, Q-Former tokens included: RoPE's caption length counts them)."""
+        (in the Dev layout the rows are the context, Q-Former tokens included: RoPE's caption length counts them).
+
+        ``references``: per sample, None or its reference latents [C, h_j, w_j] (an edit's cond and ref branches):
+        the sample's joint sequence is then [context | ref_1 .. ref_K | target] (``reference_tokens``), the target's
+        axis-0 RoPE position moves past the references, and the prediction is the last n_img valid tokens."""
         b, _, h, w = latents.shape
         p = self.patch_size
         if h % p or w % p:
@@ -564,15 +623,25 @@ class MammothDiT(nn.Module):
         else:
             temb, cond = self.time_caption_embed(timestep, condition, dtype)
 
-        # Positions (rope_real.py): caption j -> (j, j, j); image patch -> (L_i, row, col).
+        if references is not None and len(references) != b:
+            raise ValueError(f"references must have one entry per sample ({b}); got {len(references)}")
+        refs = [None] * b if references is None else [r if r else None for r in references]
+        # Reference tokens per sample ([R_i, D], their cos/sin) and the target's axis-0 position (rope_real.py 217-258).
+        ref_parts = [None if r is None else self.reference_tokens(r, timestep[i : i + 1], lengths[i])
+                     for i, r in enumerate(refs)]
+        ref_lengths = [0 if part is None else part[0].shape[0] for part in ref_parts]
+        shifts = [n if part is None else part[3] for n, part in zip(lengths, ref_parts, strict=True)]
+        prefixes = [n + r for n, r in zip(lengths, ref_lengths, strict=True)]  # rows before the target's
+
+        # Positions (rope_real.py): caption j -> (j, j, j); image patch -> (L_i [+ references], row, col).
         cap_pos = torch.arange(cond_rows, device=device)[None, :, None].expand(b, cond_rows, 3)
         rows = torch.arange(gh, device=device).repeat_interleave(gw)
         cols = torch.arange(gw, device=device).repeat(gh)
-        same_length = len(set(lengths)) == 1
-        if same_length:
-            shift = torch.full((b, n_img), lengths[0], device=device)
+        same_length = len(set(prefixes)) == 1
+        if len(set(shifts)) == 1:
+            shift = torch.full((b, n_img), shifts[0], device=device)
         else:
-            shift = torch.stack([torch.full((n_img,), n, device=device) for n in lengths])
+            shift = torch.stack([torch.full((n_img,), n, device=device) for n in shifts])
         img_pos = torch.stack([shift, rows.expand(b, -1), cols.expand(b, -1)], dim=-1)
         cap_cos, cap_sin = rope_tables(cap_pos, self.axes_dim_rope)
         img_cos, img_sin = rope_tables(img_pos, self.axes_dim_rope)
@@ -588,20 +657,24 @@ class MammothDiT(nn.Module):
         for layer in self.noise_refiner:
             img = layer(img, pad_img(img_cos), pad_img(img_sin), img_lengths, temb)
 
-        # Joint sequence per sample: [its valid condition rows | image rows | padding].
-        seq_lengths = [n + n_img for n in lengths]
+        # Joint sequence per sample: [its valid condition rows | its reference rows | image rows | padding].
+        seq_lengths = [n + n_img for n in prefixes]
         total = _rows(max(seq_lengths))
-        if all(n == cond_rows for n in lengths) and img_rows == n_img and total == cond_rows + n_img:
+        no_refs = not any(ref_lengths)
+        if no_refs and all(n == cond_rows for n in lengths) and img_rows == n_img and total == cond_rows + n_img:
             x = torch.cat([cond, img], dim=1)
             cos, sin = torch.cat([cap_cos, img_cos], dim=1), torch.cat([cap_sin, img_sin], dim=1)
         else:
             x = img.new_zeros(b, total, self.hidden_size)
             cos = img_cos.new_zeros(b, total, img_cos.shape[-1])
             sin = torch.zeros_like(cos)
-            for i, n in enumerate(lengths):
-                x[i, :n], x[i, n : n + n_img] = cond[i, :n], img[i, :n_img]
-                cos[i, :n], cos[i, n : n + n_img] = cap_cos[i, :n], img_cos[i]
-                sin[i, :n], sin[i, n : n + n_img] = cap_sin[i, :n], img_sin[i]
+            for i, (n, a) in enumerate(zip(lengths, prefixes, strict=True)):
+                x[i, :n], x[i, a : a + n_img] = cond[i, :n], img[i, :n_img]
+                cos[i, :n], cos[i, a : a + n_img] = cap_cos[i, :n], img_cos[i]
+                sin[i, :n], sin[i, a : a + n_img] = cap_sin[i, :n], img_sin[i]
+                part = ref_parts[i]
+                if part is not None:
+                    x[i, n:a], cos[i, n:a], sin[i, n:a] = part[0], part[1], part[2]
         if self.pack_samples and b > 1 and len(set(seq_lengths)) > 1:  # equal lengths: no padding to leave out
             x = self._packed_layers(x, cos, sin, seq_lengths, temb)
         else:
@@ -609,10 +682,10 @@ class MammothDiT(nn.Module):
                 x = layer(x, cos, sin, seq_lengths, temb)
 
         x = self.norm_out(x, temb)
-        if same_length:
-            out = x[:, lengths[0] : lengths[0] + n_img]
+        if same_length:  # the prediction: the last n_img valid tokens (diffusion_transformer.py 751-761)
+            out = x[:, prefixes[0] : prefixes[0] + n_img]
         else:
-            out = torch.stack([x[i, n : n + n_img] for i, n in enumerate(lengths)])
+            out = torch.stack([x[i, a : a + n_img] for i, a in enumerate(prefixes)])
         return self._unpatchify(out, h, w)
 
 
