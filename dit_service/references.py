@@ -130,9 +130,8 @@ def decode_reference(data: bytes, index: int) -> Image.Image:
         raise
     except UnidentifiedImageError:
         raise reject("the bytes are not a PNG, JPEG or WebP image") from None
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, Image.DecompressionBombWarning,
-            EOFError) as exc:
-        raise reject(f"the file does not decode ({exc}); it may be truncated or corrupt") from None
+    except Exception as exc:  # any decoder failure is the file's (OSError, SyntaxError, struct errors, bombs, ...)
+        raise reject(f"the file does not decode ({type(exc).__name__}: {exc}); it may be truncated or corrupt") from None
     return image
 
 
@@ -143,5 +142,7 @@ def load_reference(data: bytes, index: int) -> torch.Tensor:
         return preprocess_image(image)
     except ValueError as exc:  # smart_resize's aspect-ratio limit
         raise RequestRejected(f"reference image {index}: {exc}", param="reference") from None
-    except OSError as exc:  # a lazily decoded frame or palette that fails only on conversion
-        raise RequestRejected(f"reference image {index}: the file does not decode ({exc})", param="reference") from None
+    except Exception as exc:  # a palette or frame that fails only on conversion
+        raise RequestRejected(
+            f"reference image {index}: the file does not decode ({type(exc).__name__}: {exc})", param="reference"
+        ) from None

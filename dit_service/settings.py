@@ -37,6 +37,10 @@ class DiTSettings(ModelServiceSettings):
         4 * 1024 * 1024, ge=1024, description="largest condition chunk (tensor bytes) a Render stream may send"
     )
     max_condition_chunks: int = Field(16_384, ge=1, description="most condition chunks one Render stream may send")
+    max_reference_bytes: int = Field(
+        32 * 1024 * 1024, ge=1024, description="largest reference image file (an edit's input image, the sum of its "
+        "pieces) a Render stream may send; each piece is also bounded by max_chunk_bytes"
+    )
     max_concurrent_streams: int = Field(256, ge=1, description="most concurrent gRPC streams per client connection")
     # -- batching and admission --
     max_batch_size: int = Field(

@@ -358,11 +358,15 @@ class DiTPipeline:
         guidance: float,
         cfg_range: tuple[float, float] = (0.0, 1.0),
         cache_threshold: float = 0.0,
+        references: list[torch.Tensor] | None = None,
+        image_guidance: float = 1.0,
     ) -> DenoiseEntry:
         """One image ready to join a running batch (step-level batching): seeded noise and its own schedule.
-        ``cache_threshold``: step caching (sampler.step_entries), 0 = off."""
+        ``cache_threshold``: step caching (sampler.step_entries), 0 = off. ``references``, ``image_guidance``: an
+        edit's (``start_prepared_entry``)."""
         conditions = self.branch_conditions(text_condition, image_condition, uncond_condition)
-        return self.start_prepared_entry(conditions, width, height, seed, steps, guidance, cfg_range, cache_threshold)
+        return self.start_prepared_entry(conditions, width, height, seed, steps, guidance, cfg_range, cache_threshold,
+                                         references=references, image_guidance=image_guidance)
 
     def start_prepared_entry(
         self,

@@ -596,3 +596,24 @@ def test_graphed_steps_run_edits_eagerly(dev_pipeline, branch_contexts):
         want = dev_pipeline.transformer(x, t, cond[None], [cond.shape[0]], references=[refs])
     assert torch.equal(out, want) and graphed.counts["eager_edit"] == 1
 
+
+
+def test_packed_joint_layers_take_the_references(dev_pipeline, branch_contexts):
+    """Packing (the CUDA layout: the joint layers over the valid rows back to back) with an edit's three branches in
+    one call gives each row what the padded layout gives; here on the CPU, to tolerance."""
+    dit = dev_pipeline.transformer
+    cond, uncond = branch_contexts
+    g = torch.Generator().manual_seed(3)
+    refs = [torch.randn(16, 4, 6, generator=g), torch.randn(16, 6, 4, generator=g)]
+    x, t = torch.randn(3, 16, 6, 6, generator=g), torch.tensor([0.3, 0.3, 0.3])
+    batch = torch.zeros(3, cond.shape[0], cond.shape[1])
+    batch[0], batch[1, : uncond.shape[0]], batch[2, : uncond.shape[0]] = cond, uncond, uncond
+    lengths = [cond.shape[0], uncond.shape[0], uncond.shape[0]]
+    with torch.no_grad():
+        padded = dit(x, t, batch, lengths, references=[refs, refs, None])
+        dit.pack_samples = True
+        try:
+            packed = dit(x, t, batch, lengths, references=[refs, refs, None])
+        finally:
+            dit.pack_samples = False
+    torch.testing.assert_close(packed, padded, rtol=1e-5, atol=1e-5)
