@@ -1,4 +1,4 @@
-"""The gRPC transport: ar_service's ImageGenerator (ListModels, StreamImage), straight past the gateway.
+"""The gRPC transport: ar_service's ImageGenerator (ListModels, StreamImage, EditImage), straight past the gateway.
 
 StreamImage sends a progress event per grid row of the AR and per denoising step of the DiT, each image as it
 is done, partial images when they were asked for, then a summary.
@@ -41,7 +41,13 @@ class GrpcClient:
         return [ModelCard.from_proto(card) for card in reply.models]
 
     def generate(self, request: ImageRequest, reporter: Reporter) -> None:
-        call = self.stub.StreamImage(self._message(request), timeout=self.timeout)
+        """StreamImage, or EditImage when the request carries input images (their files in pieces after it)."""
+        if request.images:
+            from gateway.edits import edit_messages  # the one owner of the EditImage stream's layout
+
+            call = self.stub.EditImage(edit_messages(self._message(request), request.images), timeout=self.timeout)
+        else:
+            call = self.stub.StreamImage(self._message(request), timeout=self.timeout)
         try:
             for event in call:
                 self._deliver(event, reporter)

@@ -62,8 +62,10 @@ def _where(args: argparse.Namespace) -> str:
 # -- the parsers ---------------------------------------------------------------------------------
 
 
-def _parser(card: ModelCard | None, unreachable: str | None) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
-    """The whole command line, and its ``generate`` part (knob options from ``card``, when fetched)."""
+def _parser(
+    card: ModelCard | None, unreachable: str | None
+) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The whole command line, and its ``generate`` and ``edit`` parts (knob options from ``card``, when fetched)."""
     parser = argparse.ArgumentParser(prog="ardit", description="Generate images with an ardit server.", allow_abbrev=False)
     _connection_options(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -83,10 +85,26 @@ def _parser(card: ModelCard | None, unreachable: str | None) -> tuple[argparse.A
                     "denoising steps (over gRPC, or REST when the gateway streams).",
     )
     generate.add_argument("prompt", help="what to draw")
+    _image_options(generate, card, size_auto="the model's default")
+    edit = commands.add_parser(
+        "edit", help="edit images from an instruction", allow_abbrev=False, epilog=epilog,
+        description="Edit input images as an instruction says (a model that edits: MammothModa2-Dev) and write the "
+                    "results to files, with progress bars (over gRPC, or REST through the gateway's /v1/images/edits).",
+    )
+    edit.add_argument("prompt", help="the edit instruction")
+    edit.add_argument("-i", "--image", dest="images", type=Path, action="append", required=True, metavar="FILE",
+                      help="an input image (PNG, JPEG or WebP); repeat for several, at most 5: the output takes the "
+                           "last one's size unless --size says otherwise")
+    _image_options(edit, card, size_auto="the last input image's size")
+    return parser, {"generate": generate, "edit": edit}
+
+
+def _image_options(generate: argparse.ArgumentParser, card: ModelCard | None, size_auto: str) -> None:
+    """The options ``generate`` and ``edit`` share: output, size, count, model, quality, format, knobs."""
     generate.add_argument("-o", "--output", type=Path, default=Path("image.png"),
                           help="file to write (default: %(default)s); with -n > 1, IMAGE-0.png, IMAGE-1.png, ...")
-    size_help = "WIDTHxHEIGHT in pixels, or auto (the model's default)"
-    if card is not None:
+    size_help = f"WIDTHxHEIGHT in pixels, or auto ({size_auto})"
+    if card is not None and size_auto == "the model's default":
         size_help += (f": {card.default_size} for {card.id}; sides multiples of {card.size_multiple}, "
                       f"at most {card.max_side}")
     generate.add_argument("--size", default="auto", help=size_help)
@@ -114,7 +132,6 @@ def _parser(card: ModelCard | None, unreachable: str | None) -> tuple[argparse.A
         for knob in card.knobs:
             _knob_option(knobs, knob)
     _connection_options(generate, inherited=True)
-    return parser, generate
 
 
 def _knob_option(group: Any, knob: KnobSpec) -> None:
@@ -156,6 +173,12 @@ def _generate(args: argparse.Namespace, card: ModelCard, client: Any) -> int:
         quality=args.quality, output_format=output_format, output_compression=args.output_compression,
         partial_images=args.partial_images, knobs={k: list(v) if isinstance(v, tuple) else v for k, v in knobs.items()},
     )
+    for path in getattr(args, "images", None) or []:
+        try:
+            request.images.append(path.read_bytes())
+        except OSError as exc:
+            raise CLIError(f"cannot read the input image {path}: {exc.strerror or exc}") from None
+        request.image_names.append(path.name)
     if args.output.parent != Path(""):
         args.output.parent.mkdir(parents=True, exist_ok=True)
     reporter = ConsoleReporter(args.output, args.n, show_progress=args.progress)
@@ -193,22 +216,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     probe = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     _connection_options(probe)
     connection, _ = probe.parse_known_args(argv)
-    command = next((word for word in argv if word in ("generate", "models")), None)
+    command = next((word for word in argv if word in ("generate", "edit", "models")), None)
 
     client = None
     cards: list[ModelCard] = []
     card = None
     unreachable = None
     try:
-        if command in ("generate", "models"):
+        if command in ("generate", "edit", "models"):
             try:
                 client = _client(connection)
                 cards = client.models()
             except CLIError as exc:
                 unreachable = str(exc)
-            if command == "generate" and unreachable is None:
+            if command in ("generate", "edit") and unreachable is None:
                 card = _pick(cards, _model_flag(argv))
-        parser, generate_parser = _parser(card, unreachable)
+        parser, image_parsers = _parser(card, unreachable)
         args, unknown = parser.parse_known_args(argv)  # --help prints and exits here
         if unreachable is not None:
             raise CLIError(unreachable)
@@ -216,10 +239,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if unknown:
                 parser.error(f"unrecognized arguments: {' '.join(unknown)}")
             return _models(cards)
-        assert card is not None  # generate: fetched, or ``unreachable`` was raised above
+        assert card is not None  # generate / edit: fetched, or ``unreachable`` was raised above
         if unknown:
             accepted = ", ".join(knob.option for knob in card.knobs)
-            generate_parser.error(f"unrecognized arguments: {' '.join(unknown)}; the knobs of {card.id} are: {accepted}")
+            image_parsers[args.command].error(f"unrecognized arguments: {' '.join(unknown)}; the knobs of {card.id} are: {accepted}")
         return _generate(args, card, client)
     except CLIError as exc:
         print(f"ardit: error: {exc}", file=sys.stderr)

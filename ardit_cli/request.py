@@ -23,6 +23,10 @@ class ImageRequest:
     output_compression: int | None = None
     partial_images: int = 0
     knobs: dict[str, Any] = field(default_factory=dict)  # the model's knobs, by their table names
+    #: An edit's input images (encoded files, in order); empty for text to image.
+    images: list[bytes] = field(default_factory=list)
+    #: The input images' file names (for the multipart form).
+    image_names: list[str] = field(default_factory=list)
 
 
 class Reporter(Protocol):

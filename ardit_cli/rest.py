@@ -1,7 +1,9 @@
-"""The REST transport: the gateway's OpenAI-compatible API (``GET /v1/models``, ``POST /v1/images/generations``).
+"""The REST transport: the gateway's OpenAI-compatible API (``GET /v1/models``, ``POST /v1/images/generations``,
+``POST /v1/images/edits`` as multipart/form-data).
 
 With ``stream: true`` the gateway answers server-sent events: OpenAI's ``image_generation.partial_image`` and
-``image_generation.completed`` events, and ardit's progress as SSE comments (``: ardit.progress {json}``).
+``image_generation.completed`` events (``image_edit.*`` for edits), and ardit's progress as SSE comments
+(``: ardit.progress {json}``).
 """
 
 from __future__ import annotations
@@ -43,8 +45,17 @@ class RestClient:
             if getattr(request, name) is not None:
                 body[name] = getattr(request, name)
         streamed = {**body, "stream": True, "partial_images": request.partial_images}
+        if request.images:  # an edit: the same fields as form text (JSON for numbers and lists), the files beside
+            form = {key: value if isinstance(value, str) else json.dumps(value) for key, value in streamed.items()}
+            field = "image" if len(request.images) == 1 else "image[]"
+            names = request.image_names or [f"image{i}.png" for i in range(len(request.images))]
+            files = [(field, (name, data)) for name, data in zip(names, request.images, strict=True)]
+            sent: dict[str, Any] = {"data": form, "files": files}
+            path = "/v1/images/edits"
+        else:
+            sent, path = {"json": streamed}, "/v1/images/generations"
         try:
-            with self.http.stream("POST", "/v1/images/generations", json=streamed) as response:
+            with self.http.stream("POST", path, **sent) as response:
                 if response.status_code == 200 and response.headers.get("content-type", "").startswith("text/event-stream"):
                     self._read_stream(response, request, reporter)
                     return
@@ -61,9 +72,9 @@ class RestClient:
             elif name == "ardit.completed":
                 reporter.completed(data.get("request_id", ""), data.get("seed", 0), data.get("timings", {}))
                 completed = True
-            elif name == "image_generation.partial_image":
+            elif name in ("image_generation.partial_image", "image_edit.partial_image"):
                 reporter.preview(data.get("image_index", 0), data["partial_image_index"], base64.b64decode(data["b64_json"]))
-            elif name == "image_generation.completed":
+            elif name in ("image_generation.completed", "image_edit.completed"):
                 width, height = (int(side) for side in data["size"].split("x"))
                 seed = data.get("seed", (request.seed or 0) + data.get("image_index", 0))
                 reporter.image(data.get("image_index", 0), seed, base64.b64decode(data["b64_json"]), width, height)

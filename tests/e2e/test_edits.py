@@ -142,3 +142,22 @@ def test_tiny_dev_model_directory_holds_mammothtok(dev_stack: Stack) -> None:
     checkpoint = open_checkpoint(Path(dev_stack.model_dir))
     assert checkpoint.config["gen_tokenizer_config"]["codebook_size"] == 64
     assert "gen_tokenizer.image_tokenizer.quantize.embedding.weight" in checkpoint.tensor_names("gen_tokenizer.")
+
+
+@pytest.mark.parametrize("transport", ["rest", "grpc"])
+def test_ardit_edit_writes_the_edited_images(dev_stack: Stack, tmp_path: Path, transport: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "a.png").write_bytes(png(64, 64))
+    (tmp_path / "b.png").write_bytes(png(80, 48, (0, 0, 200)))
+    where = ["--url", dev_stack.gateway_url] if transport == "rest" else ["--grpc", dev_stack.ar_address]
+    env = {key: value for key, value in os.environ.items() if not key.startswith("ARDIT_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "ardit_cli", *where, "edit", "make it green", "-i", str(tmp_path / "a.png"),
+         "-i", str(tmp_path / "b.png"), "-n", "2", "-o", str(tmp_path / "out.png"), "--num-inference-steps", "2",
+         "--no-progress"],
+        cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert [Image.open(tmp_path / f"out-{i}.png").size for i in range(2)] == [(80, 48), (80, 48)]
