@@ -158,7 +158,8 @@ class RequestPlanner:
         """Sizes the input images' share of the prompt: the ``image_positions`` setting, bounded by what the model's
         positions leave beside the longest text prompt and the largest grid."""
         try:
-            self._image_ids = ImagePromptIds.from_tokenizer(self.loaded.tokenizer, self.loaded.t2i)
+            tokenizer: Any = self.loaded.tokenizer  # a fast tokenizer: the protocol's methods, wider types
+            self._image_ids = ImagePromptIds.from_tokenizer(tokenizer, self.loaded.t2i)
         except ValueError as exc:
             self.edit_refusal = f"the served model cannot tokenise an input image: {exc}"
             return

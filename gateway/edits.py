@@ -117,7 +117,7 @@ def parse_multipart(body: bytes, content_type: str) -> list[Part]:
     position = body.find(delimiter)
     if position < 0:
         raise APIError(400, "the multipart body has no part (its boundary never occurs)", code="invalid_multipart")
-    parts = []
+    parts: list[Part] = []
     while True:
         position += len(delimiter)
         if body[position:position + 2] == b"--":
