@@ -61,8 +61,8 @@ def test_stage_filter_refuses_knobs_of_other_stages():
 
 def test_resolve_fills_defaults_and_prefers_given_ones():
     resolved = KNOBS.resolve({"num_inference_steps": 4}, {}, stages=("dit",))
-    assert resolved == {"num_inference_steps": 4, "text_guidance_scale": 9.0, "cfg_range": [0.0, 1.0],
-                        "cfg_execution_mode": "sequential", "dit_cache_threshold": 0.0}
+    assert resolved == {"num_inference_steps": 4, "text_guidance_scale": 9.0, "image_guidance_scale": 2.0,
+                        "cfg_range": [0.0, 1.0], "cfg_execution_mode": "sequential", "dit_cache_threshold": 0.0}
     ar = KNOBS.resolve({}, {"temperature": 1.0, "top_k": 2048, "top_p": 1.0}, stages=("ar",))
     assert ar == {"temperature": 1.0, "top_k": 2048, "top_p": 1.0, "ar_decoding": "sequential", "ar_decoding_window": 0}
 
