@@ -10,6 +10,10 @@ for bit the same whatever it was batched with (the transformer keeps each row's 
 batch-mates; tests/dit_service/test_batching.py); ``deterministic=True`` runs each image in a call of its
 own and asks PyTorch for deterministic kernels, for the same guarantee on CUDA at the cost of batching.
 
+An edit (reference images, MammothModa2-Dev) is a render like any other once planned: its size is its last
+reference's, it batches with renders of that size, text to image included; its references go through the VAE encoder
+once, when its first image joins, and each image draws its reference latents from their posteriors with its own seed.
+
 Under load, renders of one size reach the DiT spread out (each client's AR finishes on its own schedule), and a
 render that starts alone finishes alone however many arrive behind it. So a render about to start a new batch
 while other renders are already admitted (their conditions still arriving) waits up to ``batch_window_s`` for

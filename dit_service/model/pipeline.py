@@ -456,10 +456,10 @@ class DiTPipeline:
 
     def warm_up(self) -> float:
         """Runs what a render runs, once, on made-up inputs (a guided and an unguided denoise step, the refiner, the
-        VAE decode, a preview); returns the seconds it took. The first call of the fused kernels compiles them
-        (torch.compile, dynamic shapes) and cuDNN and cuBLAS set up on first use: without this, the first request pays
-        for it. One step per call signature, so no CUDA graph is captured for these shapes. Only the previewer's fit
-        to the VAE is kept."""
+        VAE decode, a preview; for a DiT that takes references, an edit's VAE encode and three-way step); returns the
+        seconds it took. The first call of the fused kernels compiles them (torch.compile, dynamic shapes) and cuDNN
+        and cuBLAS set up on first use: without this, the first request pays for it. One step per call signature, so
+        no CUDA graph is captured for these shapes. Only the previewer's fit to the VAE is kept."""
         started = time.perf_counter()
         side = 4 * self.size_multiple
         generator = torch.Generator().manual_seed(0)
@@ -468,6 +468,11 @@ class DiTPipeline:
         for guidance in (2.0, 1.0):  # two rows (CFG) and one row take different kernels
             entry = self.start_entry(text, image, empty, side, side, seed=0, steps=1, guidance=guidance)
             self.step([entry])
+        if self.max_reference_images:  # an edit: the VAE encoder and the reference refiner, three-way guidance
+            references = self.sample_references(self.encode_references([torch.zeros(3, side, side)]), 0)
+            edit = self.start_entry(text, image, empty, side, side, seed=0, steps=1, guidance=2.0,
+                                    references=references, image_guidance=2.0)
+            self.step([edit])
         self.decode(entry.latents)
         self.preview(entry)
         self.synchronize()
