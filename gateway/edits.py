@@ -15,7 +15,8 @@ and openai-python's ``openai/types/image_edit_params.py`` (generated from OpenAI
   model edits the whole picture from the instruction).
 
 Multipart values are text: a field OpenAI types as an integer or a boolean is read as one (``n=2``,
-``stream=true``), a knob's value as JSON when it reads as a JSON number, boolean or null, else as the text.
+``stream=true``), a knob's value as JSON when it reads as JSON other than a string (a number, a boolean, a list such
+as ``cfg_range=[0.2, 0.8]``), else as the text.
 
 Every input image is opened with PIL here, before anything reaches ar_service, and each problem is a 400 in OpenAI's
 error shape naming the image and what is wrong: empty, over the byte limit, not a PNG / JPEG / WebP image, no pixels,
@@ -28,6 +29,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import typing
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -160,23 +162,23 @@ def _insert(target: dict[str, Any], name: str, value: Any) -> None:
 
 def _typed(name: str, text: str) -> Any:
     """A form value as the request model types it: ints and booleans of OpenAI's fields from their text, knobs as
-    JSON when they read as a number, boolean or null."""
+    JSON when they read as JSON other than a string."""
     field = ImageEditRequest.model_fields.get(name)
     if field is None:
         try:
             value = json.loads(text)
         except ValueError:
             return text
-        return value if isinstance(value, (int, float, bool)) or value is None else text
-    annotation = str(field.annotation)
-    if "bool" in annotation:
+        return text if isinstance(value, str) else value
+    kinds = set(typing.get_args(field.annotation)) or {field.annotation}
+    if bool in kinds:
         lowered = text.strip().lower()
         if lowered in ("true", "1"):
             return True
         if lowered in ("false", "0"):
             return False
         raise APIError(400, f"'{name}' must be true or false; got {text!r}", name, "invalid_type")
-    if "int" in annotation:
+    if int in kinds:
         try:
             return int(text.strip())
         except ValueError:

@@ -108,7 +108,7 @@ def test_one_image_edit_goes_to_edit_image_with_its_fields(client, backend):
     _, editor = backend
     image = png()
     response = post(client, [image], prompt="make it blue", n=2, seed=9, output_format="jpeg", output_compression=70,
-                    num_inference_steps=4, input_fidelity="high", user="alice")
+                    num_inference_steps=4, cfg_range=[0.25, 0.5], input_fidelity="high", user="alice")
     assert response.status_code == 200, response.text
     body = response.json()
     assert [base64.b64decode(item["b64_json"]) for item in body["data"]] == [b"edited", b"edited"]
@@ -118,7 +118,7 @@ def test_one_image_edit_goes_to_edit_image_with_its_fields(client, backend):
     assert images == [image]
     assert (request.prompt, request.n, request.seed, request.width, request.height) == ("make it blue", 2, 9, 0, 0)
     assert request.output_format == common_pb2.OUTPUT_FORMAT_JPEG and request.output_compression == 70
-    assert knobs_from_proto(request.knobs) == {"num_inference_steps": 4}
+    assert knobs_from_proto(request.knobs) == {"num_inference_steps": 4, "cfg_range": [0.25, 0.5]}
 
 
 def test_several_images_in_order_and_large_files_in_pieces(client, backend):
