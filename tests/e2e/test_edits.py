@@ -19,6 +19,7 @@ from PIL import Image
 
 from protos import ar_pb2, ar_pb2_grpc, common_pb2
 from tests.e2e.conftest import Stack, running_stack
+from tests.e2e.test_playground import Page, browser  # noqa: F401  (browser: the fixture)
 from tools.make_tiny import make_tiny_dev
 
 URL = "/v1/images/edits"
@@ -161,3 +162,17 @@ def test_ardit_edit_writes_the_edited_images(dev_stack: Stack, tmp_path: Path, t
         cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert [Image.open(tmp_path / f"out-{i}.png").size for i in range(2)] == [(80, 48), (80, 48)]
+
+
+def test_the_playground_edits_a_chosen_image(dev_stack: Stack, tmp_path: Path, browser) -> None:  # noqa: F811
+    page = Page(browser, tmp_path, "edit")
+    browser.get(f"{dev_stack.gateway_url}/")
+    page.wait(lambda: page["model"].text.startswith("model "), "the model card to load")
+    (tmp_path / "in.png").write_bytes(png(80, 48))
+    page["images"].send_keys(str(tmp_path / "in.png"))
+    page.fill(prompt="make it green", size="auto", seed="3", steps="2")
+    page["generate"].click()
+    page.wait_for_result()
+    page.shot("done")
+    assert page["error"].text == ""
+    assert page.result_size() == (80, 48)  # the input's size
