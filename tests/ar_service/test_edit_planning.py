@@ -83,6 +83,9 @@ def test_edit_prompt_holds_the_image_block_then_the_instruction(dev_engine):
     mask = text_condition_mask(plan.prompt_ids, loaded.config, len(plan.prompt_ids) - 10)
     assert not any(plan.prompt_ids[i] >= loaded.config.gen_vocab_start_index for i in mask.nonzero().flatten().tolist())
     assert plan.image_positions == t2i.image_positions  # the prompt tail's rows and the grid, as text to image
+    # AR guidance's unconditional row (decoding.stream.UnconditionalRow) keeps the last 10 prompt tokens: the
+    # generation header alone, as for text to image: no image, no instruction
+    assert plan.prompt_ids[-10:] == t2i.prompt_ids[-10:] and ids.image_end not in plan.prompt_ids[-10:]
 
 
 def test_the_edit_prompt_template_and_its_placeholders():
