@@ -176,3 +176,22 @@ def test_the_playground_edits_a_chosen_image(dev_stack: Stack, tmp_path: Path, b
     page.shot("done")
     assert page["error"].text == ""
     assert page.result_size() == (80, 48)  # the input's size
+
+
+def test_grpcurl_edits_an_input_image(dev_stack: Stack) -> None:
+    import json
+    import subprocess
+
+    from tests.e2e.test_grpcurl import grpcurl_binary
+
+    messages = [{"request": {"prompt": "make it green", "seed": 2, "knobs": {"num_inference_steps": 2}}},
+                {"image": {"index": 0, "data": base64.b64encode(png(64, 48)).decode(), "last": True}}]
+    done = subprocess.run(
+        [grpcurl_binary(), "-plaintext", "-max-time", "300", "-d", "@", dev_stack.ar_address,
+         "ardit.v1.ImageGenerator/EditImage"],
+        input="\n".join(json.dumps(m) for m in messages), capture_output=True, text=True, timeout=320)
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(chunk) for chunk in done.stdout.replace("}\n{", "}\x00{").split("\x00") if chunk.strip()]
+    (image,) = [event["image"] for event in events if "image" in event]
+    assert Image.open(io.BytesIO(base64.b64decode(image["data"]))).size == (64, 48)
+    assert events[-1]["completed"]["width"] == 64
