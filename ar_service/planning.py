@@ -155,8 +155,8 @@ class RequestPlanner:
             self._setup_edits()
 
     def _setup_edits(self) -> None:
-        """Sizes the input images' share of the prompt: the ``image_positions`` setting, bounded by what the model's
-        positions leave beside the longest text prompt and the largest grid."""
+        """Edits on: the input images' ids and their share of the prompt, the ``image_positions`` setting (each
+        request bounds it further by what the decode's positions leave beside its prompt and grid)."""
         try:
             tokenizer: Any = self.loaded.tokenizer  # a fast tokenizer: the protocol's methods, wider types
             self._image_ids = ImagePromptIds.from_tokenizer(tokenizer, self.loaded.t2i)
