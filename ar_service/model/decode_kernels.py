@@ -2,9 +2,10 @@
 
 Why: at one to eight rows a decode step is a read of every weight once (13.3 GB for Preview), and the rest of
 the step is the cost of launching and draining several hundred small kernels. These kernels fold the small
-work into few launches: bias, SwiGLU and residual additions run in a linear layer's epilogue, RoPE and the K/V
-cache write are one kernel, RMSNorm is one small kernel per row, and attention reads each row's own length
-from the device (no length buckets, so one CUDA graph per row count). A layer is nine launches. (Folding the
+work into few launches: bias (where the model has one), SwiGLU and residual additions run in a linear layer's
+epilogue, RoPE and the K/V cache write are one kernel (with Dev's per-head q/k RMSNorm before the rotation), RMSNorm
+is one small kernel per row, and attention reads each row's own length from the device (no length buckets, so one
+CUDA graph per row count). A layer is nine launches, Preview's and Dev's alike. (Folding the
 RMSNorm into the linear kernel as a first pass over the input made the q/k/v projection 0.48 ms per step
 instead of 0.31 on an H200: the weights start streaming only after that pass.)
 
@@ -260,12 +261,14 @@ if available:
 
     @triton.jit
     def _rope_write_kernel(
-        qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr,
-        stride_qkv, stride_cs, stride_q, stride_slot, stride_head, stride_pos,
-        HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HALF: tl.constexpr,
+        qkv_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, norm_ptr,
+        stride_qkv, stride_cs, stride_q, stride_slot, stride_head, stride_pos, eps,
+        HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HALF: tl.constexpr, NORM: tl.constexpr,
     ):
         """Rotates row r's head h of the fused q/k/v output; q heads go to ``q``, k and v heads into the cache at the
-        row's position (v unrotated)."""
+        row's position (v unrotated). NORM (per-head q/k RMSNorm, Qwen3): a q or k head is first normalised over its
+        head_dim values (float32 variance, rounded to the activation dtype, times the weight: the q norm's weight at
+        norm_ptr[:2 HALF], the k norm's at norm_ptr[2 HALF:]), then rotated."""
         r = tl.program_id(0)
         h = tl.program_id(1)
         d = tl.arange(0, HALF)
@@ -276,6 +279,13 @@ if available:
         slot = tl.load(slot_ptr + r)
         cache = slot * stride_slot + position * stride_pos
         if h < HEADS + KV_HEADS:
+            if NORM:
+                f1 = x1.to(tl.float32)
+                f2 = x2.to(tl.float32)
+                rstd = 1.0 / tl.sqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / (2 * HALF) + eps)
+                weight = norm_ptr + tl.where(h < HEADS, 0, 2 * HALF)
+                x1 = ((f1 * rstd).to(x1.dtype) * tl.load(weight + d)).to(x1.dtype)
+                x2 = ((f2 * rstd).to(x2.dtype) * tl.load(weight + HALF + d)).to(x2.dtype)
             cos1 = tl.load(cos_ptr + r * stride_cs + d)
             cos2 = tl.load(cos_ptr + r * stride_cs + HALF + d)
             sin1 = tl.load(sin_ptr + r * stride_cs + d)
@@ -476,17 +486,25 @@ def linear(
 def rope_write(
     qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
     k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int, kv_heads: int,
+    qk_norm: tuple[torch.Tensor, float] | None = None,
 ) -> torch.Tensor:
     """RoPE on the fused q/k/v rows [P, (heads + 2 kv_heads) D]; writes k and v into ``k_cache``/``v_cache``
-    [slots, kv_heads, positions, D] at each row's slot and position; returns q [P, heads, D]."""
+    [slots, kv_heads, positions, D] at each row's slot and position; returns q [P, heads, D]. ``qk_norm`` (weight
+    [2 D]: the q norm's D values then the k norm's, and eps): each q and k head is RMS-normalised over its D values
+    before it is rotated (Qwen3's q_norm / k_norm), in the same launch."""
     p = qkv.shape[0]
     d = cos.shape[-1]
     _rows_contiguous(positions, slots)
+    if qkv.shape[1] != (heads + 2 * kv_heads) * d:
+        raise ValueError(f"q/k/v rows of width {qkv.shape[1]} do not hold {heads} + 2 x {kv_heads} heads of {d}")
+    if qk_norm is not None and (qk_norm[0].shape != (2 * d,) or not qk_norm[0].is_contiguous()):
+        raise ValueError(f"the q/k norm weight must be one contiguous vector of 2 x {d} values")
+    norm_w, eps = qk_norm if qk_norm is not None else (qkv, 0.0)
     q = torch.empty((p, heads, d), dtype=qkv.dtype, device=qkv.device)
     _rope_write_kernel[(p, heads + 2 * kv_heads)](
-        qkv, cos, sin, positions, slots, q, k_cache, v_cache,
-        qkv.stride(0), cos.stride(0), q.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        HEADS=heads, KV_HEADS=kv_heads, HALF=d // 2, num_warps=1,
+        qkv, cos, sin, positions, slots, q, k_cache, v_cache, norm_w,
+        qkv.stride(0), cos.stride(0), q.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), eps,
+        HEADS=heads, KV_HEADS=kv_heads, HALF=d // 2, NORM=qk_norm is not None, num_warps=1,
     )
     return q
 
@@ -550,6 +568,8 @@ def probe(device: torch.device, dtype: torch.dtype, fp8: bool = False, tile: int
         rows = torch.arange(2, device=device)
         q = rope_write(rand(2, (heads + 2 * kv_heads) * d), rand(2, d), rand(2, d), rows + 3, rows, *cache, heads, kv_heads)
         attention(q, *cache, rows + 3, rows, 0.25)
+        rope_write(rand(2, (heads + 2 * kv_heads) * d), rand(2, d), rand(2, d), rows + 3, rows, *cache, heads, kv_heads,
+                   qk_norm=(rand(2 * d), 1e-6))
         if fp8:
             from servicekit.fp8 import quantize_weight
 

@@ -59,6 +59,8 @@ class DecodeShapes(Protocol):
     def gen_vocab_size(self) -> int: ...
     @property
     def head_dim(self) -> int: ...
+    @property
+    def qk_norm(self) -> bool: ...
 
 
 def decode_bytes_per_slot(config: DecodeShapes, max_positions: int, dtype_bytes: int) -> int:
@@ -84,7 +86,11 @@ def step_workspace_bytes(
 
     - the residual stream: its input and output, the attention output and the normalised input (4 H s) and
       RMSNorm's float32 temporaries (2 H * 4);
-    - the fused q/k/v projection ((Q + 2 K) s) and RoPE's rotated q and k with their halves (3 (Q + K) s);
+    - the fused q/k/v projection ((Q + 2 K) s) and RoPE's rotated q and k with their halves (3 (Q + K) s); with
+      Dev's per-head q/k RMSNorm (``qk_norm``) on the torch kernels, its float32 temporaries and its normalised q
+      and k ((Q + K) (2 * 4 + 2 s)); the triton kernels normalise inside the RoPE launch, in registers. (Q is
+      heads * head_dim, which in Dev is not the hidden size; q/k/v biases and the norms' weights are weights, held
+      before the decoder is sized, not a step's intermediates);
     - attention, torch kernels: the float32 scores, masked scores and softmax (3 heads * bucket * 4) and the
       probabilities in the model dtype (heads * bucket * s); with ``shared_slots`` the rows' K and V gathered over
       the bucket (2 kv_heads * bucket * D * s). Triton kernels: the split-K partial results in float32
@@ -103,6 +109,8 @@ def step_workspace_bytes(
     q, kv, f, v = heads * d, kv_heads * d, config.intermediate_size, config.gen_vocab_size
     stream = 4 * h * s + 2 * h * 4
     projections = (q + 2 * kv) * s + 3 * (q + kv) * s
+    if config.qk_norm and kernels != "triton":
+        projections += (q + kv) * (2 * 4 + 2 * s)
     if kernels == "triton":
         group = max(16, 1 << (heads // kv_heads - 1).bit_length())
         attention = kv_heads * decode_kernels.ATTENTION_SPLITS * (group * d + 2 * group) * 4

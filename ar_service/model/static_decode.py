@@ -16,7 +16,16 @@ every layer (expert weights where the layer has them) and computes only ``gen_he
 allowed ranges never leave the generation vocabulary, and the text head (545 M parameters in Preview) would
 be a sixth of the bytes read per token for nothing. The next token is drawn inside the graph too
 (``sampling.sample_rows``), so a step costs one small upload of ids, positions and draw inputs and one
-download of the drawn ids.
+download of the drawn ids. As in the eager model, ``gen_head``'s column j is drawn as id ``gen_logit_start + j``
+and a fed id is embedded as ``gen_embed_tokens[id - gen_vocab_start_index]``: the two offsets differ where the
+text vocabulary is smaller than the fixed generation start (Dev with vocab_size 151936: 128 ids), a skew the
+released code has and this step keeps.
+
+Both members' layers run on either kernel set: Preview's (q/k/v biases) and Dev's (no biases; a per-head q/k
+RMSNorm before RoPE, which the triton kernels fold into the launch that rotates and writes K/V, so a Dev layer
+is nine launches too; a head_dim of its own, so q is heads * head_dim wide, not hidden). The condition hidden
+state is the final norm, or the mean of ``condition_layers``' entries of the hidden-states tuple, whose entry N
+is the final norm (Preview) or the last layer's output before it (Dev, ``final_hidden_normed`` False).
 
 The numbers match ``MammothModa2AR.decode`` up to floating-point reordering (tests compare them). A step runs
 only as many rows as the highest slot in use needs (1, 2, 4, 8, ...): a lone stream does not pay for seven
@@ -31,6 +40,7 @@ from __future__ import annotations
 import gc
 import logging
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -107,11 +117,18 @@ def _linear(x, weight, bias=None, scale=None):
     return F.linear(x, weight if scale is None else dequantize(weight, scale, x.dtype), bias)
 
 
-def _pre_attention(x, norm_w, eps: float, qkv_w, qkv_b, cos, sin, heads: int, kv_heads: int, qkv_s=None):
-    """RMSNorm, the fused q/k/v projection, RoPE: [P, H] -> q [P, heads, D], k and v [P, kv_heads, D]."""
+def _pre_attention(x, norm_w, eps: float, qkv_w, qkv_b, cos, sin, heads: int, kv_heads: int, qkv_s=None,
+                   qk_norm=None):
+    """RMSNorm, the fused q/k/v projection (``qkv_b`` None: no bias), RoPE: [P, H] -> q [P, heads, D], k and v
+    [P, kv_heads, D]. ``qk_norm`` (Dev: the q norm's and the k norm's weights as one [2 D] vector, and eps): each q
+    and k head is RMS-normalised over its D values before the rotation, as the eager attention does."""
     p = x.shape[0]
     qkv = _linear(_rms_norm(x, norm_w, eps), qkv_w, qkv_b, qkv_s).view(p, heads + 2 * kv_heads, -1)
     q, k, v = qkv.split((heads, kv_heads, kv_heads), dim=1)
+    if qk_norm is not None:
+        weight, norm_eps = qk_norm
+        d = q.shape[-1]
+        q, k = _rms_norm(q, weight[:d], norm_eps), _rms_norm(k, weight[d:], norm_eps)
     return _rotate(q, cos, sin), _rotate(k, cos, sin), v
 
 
@@ -126,11 +143,11 @@ def _attend(q, keys, values, positions, scale: float):
     return torch.matmul(probs, values).reshape(p, heads * d)
 
 
-def _post_attention(x, attn, ow, norm_w, eps: float, gate_up_w, dw, scales=None):
-    """Output projection and residual, then RMSNorm + SwiGLU MLP (fused gate/up projection) and residual.
-    ``scales``: the FP8 scales of (o, gate/up, down)."""
+def _post_attention(x, attn, ow, norm_w, eps: float, gate_up_w, dw, scales=None, o_bias=None):
+    """Output projection (with ``o_bias``: Dev with attention_bias) and residual, then RMSNorm + SwiGLU MLP (fused
+    gate/up projection) and residual. ``scales``: the FP8 scales of (o, gate/up, down)."""
     o_s, gate_up_s, down_s = scales or (None, None, None)
-    x = x + _linear(attn, ow, None, o_s)
+    x = x + _linear(attn, ow, o_bias, o_s)
     gate, up = _linear(_rms_norm(x, norm_w, eps), gate_up_w, None, gate_up_s).chunk(2, dim=-1)
     return x + _linear(F.silu(gate) * up, dw, None, down_s)
 
@@ -145,9 +162,12 @@ def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
 def _fuse(modules: list) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Concatenates the weights (and biases, and FP8 scales) of linears that read the same input, and re-points
     each module's parameters at its rows of the result: one matmul instead of several, no extra memory, eager
-    paths unchanged. Returns (weight, bias or None, per-row scales or None)."""
+    paths unchanged. Returns (weight, bias or None when the linears have none (Dev's q/k/v), per-row scales or
+    None)."""
     weight = _cat([m.weight.detach() for m in modules])
     has_bias = [m.bias is not None for m in modules]
+    if any(has_bias) and not all(has_bias):
+        raise ValueError("fused linears must all have a bias or none")
     bias = torch.cat([m.bias.detach() for m in modules]) if all(has_bias) else None
     scaled = [getattr(m, "weight_scale", None) is not None for m in modules]
     if any(scaled) and not all(scaled):
@@ -163,6 +183,25 @@ def _fuse(modules: list) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tenso
             m.weight_scale.data = scale[start : start + n]
         start += n
     return weight, bias, scale
+
+
+def _fuse_norms(q_norm, k_norm) -> tuple[torch.Tensor, float]:
+    """Dev's per-head q and k RMSNorms as one [2 D] weight (q's D values, then k's) and their eps, each module's
+    weight re-pointed at its half (as ``_fuse`` does for linears): the triton kernel reads both from one pointer."""
+    if q_norm.eps != k_norm.eps or q_norm.weight.shape != k_norm.weight.shape:
+        raise ValueError("the q and k norms must have one head_dim and one eps")
+    weight = torch.cat([q_norm.weight.detach(), k_norm.weight.detach()])
+    d = q_norm.weight.shape[0]
+    q_norm.weight.data, k_norm.weight.data = weight[:d], weight[d:]
+    return weight, q_norm.eps
+
+
+class _LayerExtras(NamedTuple):
+    """What a Dev layer has beside Preview's weights: its q/k norms (``_fuse_norms``: one [2 D] weight and eps) when
+    ``config.qk_norm``, and o_proj's bias when ``config.o_proj_bias``; None where it has not."""
+
+    qk_norm: tuple[torch.Tensor, float] | None
+    o_bias: torch.Tensor | None
 
 
 class _Ahead:
@@ -206,9 +245,9 @@ class _TorchLayers:
     def layer(self, i: int, weights: tuple, x: torch.Tensor) -> torch.Tensor:
         n1, e1, qkv_w, qkv_b, ow, n2, e2, gate_up_w, dw = weights
         d, config, p = self.decoder, self.decoder.config, x.shape[0]
-        scales = d._layer_scales[i]
+        scales, extras = d._layer_scales[i], d._layer_extras[i]
         q, k, v = self.pre(x, n1, e1, qkv_w, qkv_b, self.cos, self.sin, config.num_attention_heads,
-                           config.num_key_value_heads, None if scales is None else scales[0])
+                           config.num_key_value_heads, None if scales is None else scales[0], extras.qk_norm)
         d.k[i][self.rows, :, self.indexes] = k
         d.v[i][self.rows, :, self.indexes] = v
         if self.gather:
@@ -217,7 +256,7 @@ class _TorchLayers:
         else:
             keys, values = d.k[i, :p, :, : self.bucket], d.v[i, :p, :, : self.bucket]
         attn = self.attend(q, keys, values, self.indexes, 1.0 / math.sqrt(config.head_dim))
-        return self.post(x, attn, ow, n2, e2, gate_up_w, dw, None if scales is None else scales[1:])
+        return self.post(x, attn, ow, n2, e2, gate_up_w, dw, None if scales is None else scales[1:], extras.o_bias)
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return _rms_norm(x, weight, eps)
@@ -254,21 +293,24 @@ class _TritonLayers:
         d, config, kernels = self.decoder, self.decoder.config, decode_kernels
         qkv_s, o_s, gate_up_s, down_s = d._layer_scales[i] or (None, None, None, None)
         qkv = kernels.linear(x, qkv_w, bias=qkv_b, norm=(n1, e1), squares=self.squares, scale=qkv_s, tile=self.tile)
+        extras = d._layer_extras[i]
         q = kernels.rope_write(qkv, self.cos, self.sin, self.indexes, self.rows, d.k[i], d.v[i],
-                               config.num_attention_heads, config.num_key_value_heads)
+                               config.num_attention_heads, config.num_key_value_heads, extras.qk_norm)
         attn = kernels.attention(q, d.k[i], d.v[i], self.indexes, self.rows, 1.0 / math.sqrt(config.head_dim),
                                  self.workspace, d.max_positions - 1)
-        x = self._residual(attn, ow, x, o_s)
+        x = self._residual(attn, ow, x, o_s, extras.o_bias)
         gated = kernels.linear(x, gate_up_w, norm=(n2, e2), squares=self.squares, swiglu=True, scale=gate_up_s,
                                tile=self.tile)
         return self._residual(gated, dw, x, down_s)
 
-    def _residual(self, inputs: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, scale) -> torch.Tensor:
-        """A linear with a residual addition; when folding, its squares are kept for the next norm."""
+    def _residual(self, inputs: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, scale,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+        """A linear (with ``bias``, if any) and a residual addition; when folding, its squares are kept for the next
+        norm."""
         if not self.fold:
-            return decode_kernels.linear(inputs, weight, residual=residual, scale=scale, tile=self.tile)
-        out, self.squares = decode_kernels.linear(inputs, weight, residual=residual, emit_squares=True, scale=scale,
-                                                  tile=self.tile)
+            return decode_kernels.linear(inputs, weight, bias=bias, residual=residual, scale=scale, tile=self.tile)
+        out, self.squares = decode_kernels.linear(inputs, weight, bias=bias, residual=residual, emit_squares=True,
+                                                  scale=scale, tile=self.tile)
         return out
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -319,8 +361,9 @@ class StaticDecoder:
             raise ValueError("fold_norms needs kernels='triton'")
         self.kernels, self.fold_norms = kernels, fold_norms
         self.model, self.config = model, config
-        start = config.gen_vocab_start_index
-        # A free row: the first generation id at the scratch position, drawing a forced id (see _enqueue()).
+        # A free row: the first id a step may draw and take (config.gen_id_range) at the scratch position, drawing a
+        # forced id (see _enqueue()).
+        start = config.gen_id_range.start
         free_ints, self._free_floats = draw_columns(((start, start), SamplingParams(1.0, 1, 1.0), 0, 0))
         self._free_row = [start, max_positions - 1, *free_ints]  # and then its slot and its cache index
         self.slots, self.max_positions, self.full_length = slots, max_positions, full_length
@@ -363,9 +406,11 @@ class StaticDecoder:
         self._pool: torch.cuda._POOL_HANDLE | None = None  # the type torch.cuda.graph_pool_handle() returns
         with torch.no_grad():
             fused = [self._weights(layer) for layer in text.layers]
-        self._layer_weights = [weights for weights, _ in fused]
+        self._layer_weights = [weights for weights, _, _ in fused]
         # FP8 (servicekit.fp8, quantized at load): per layer the per-row scales of (q/k/v, o, gate/up, down)
-        self._layer_scales: list[tuple | None] = [scales for _, scales in fused]
+        self._layer_scales: list[tuple | None] = [scales for _, scales, _ in fused]
+        # Dev: per layer its q/k norms and o_proj's bias, where the layer has them
+        self._layer_extras: list[_LayerExtras] = [extras for _, _, extras in fused]
         self.compile_mode = compile_mode
         self._kernels(compile)
 
@@ -385,13 +430,16 @@ class StaticDecoder:
         # its sort/scan/argmax ("NYI TritonSplitDimKernel reductions"); those run unfused inside the graph.
         self._noise = torch.compile(gumbel_noise, dynamic=False, fullgraph=True) if compile else gumbel_noise
 
-    @staticmethod
-    def _weights(layer) -> tuple[tuple, tuple | None]:
+    def _weights(self, layer) -> tuple[tuple, tuple | None, _LayerExtras]:
         """The generation path's weights of one layer (expert copies where the layer has them), q/k/v and
-        gate/up fused; and, when the layer's linears are FP8, their per-row scales (q/k/v, o, gate/up, down)."""
+        gate/up fused (q/k/v bias None where the model has none); when the layer's linears are FP8, their per-row
+        scales (q/k/v, o, gate/up, down); and Dev's extras: the q/k norms fused (``_fuse_norms``) with
+        ``config.qk_norm``, o_proj's bias with ``config.o_proj_bias``."""
         attn = layer.self_attn
         a = "gen_" if attn.experts else ""
         q, k, v, o = (getattr(attn, f"{a}{name}_proj") for name in ("q", "k", "v", "o"))
+        extras = _LayerExtras(_fuse_norms(attn.q_norm, attn.k_norm) if self.config.qk_norm else None,
+                              None if o.bias is None else o.bias.detach())
         mlp = layer.gen_mlp if layer.gen_mlp is not None else layer.mlp
         qkv_w, qkv_b, qkv_s = _fuse([q, k, v])
         gate_up_w, _, gate_up_s = _fuse([mlp.gate_proj, mlp.up_proj])
@@ -402,10 +450,10 @@ class StaticDecoder:
         )
         scaled = [s is not None for s in (qkv_s, gate_up_s)]
         if not any(scaled):
-            return weights, None
+            return weights, None, extras
         if not all(scaled):
             raise ValueError("a layer's linears must all be FP8 or all not")
-        return weights, (qkv_s, o.weight_scale, gate_up_s, mlp.down_proj.weight_scale)
+        return weights, (qkv_s, o.weight_scale, gate_up_s, mlp.down_proj.weight_scale), extras
 
     # -- slots ------------------------------------------------------------------------------------
 
@@ -495,7 +543,10 @@ class StaticDecoder:
         return True
 
     def _check(self, ids: list[int], positions: list[int], indexes: list[int]) -> None:
-        if min(ids) < self.config.gen_vocab_start_index:
+        # A fed id is embedded as gen_embed_tokens[id - gen_vocab_start_index], and a drawn one is gen_logit_start
+        # plus its column: gen_id_range holds the ids that are both (the two starts differ by Dev's skew).
+        allowed = self.config.gen_id_range
+        if min(ids) < allowed.start or max(ids) >= allowed.stop:
             raise ValueError("the fast decode step takes generation-vocabulary ids only")
         for name, values in (("position", positions), ("cache index", indexes)):
             bad = [v for v in values if not 0 <= v < self.max_positions - 1]
@@ -669,7 +720,7 @@ class StaticDecoder:
         row's position; K/V are written and read at its cache index."""
         config, text = self.config, self.text
         ids, positions, rows, indexes = self.ids[:p], self.positions[:p], self._rows[:p], self.indexes[:p]
-        x = text.gen_embed_tokens(ids - config.gen_vocab_start_index)
+        x = text.gen_embed_tokens(config.gen_embedding_row(ids))
         freqs = positions[:, None].float() * text.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [P, 1, D]
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
@@ -688,7 +739,9 @@ class StaticDecoder:
         if keep is None:
             hidden = final
         else:
-            kept[n] = final
+            # Entry N of the hidden-states tuple: the final norm (Preview) or the last layer's output as it is (Dev)
+            kept[n] = final if config.final_hidden_normed else x
             hidden = torch.stack([kept[i % (n + 1)] for i in keep], dim=0).mean(dim=0)
         draws = RowSampling(*(getattr(self.draws, f)[:p] for f in RowSampling.__dataclass_fields__))
-        return sample_rows(logits, config.gen_vocab_start_index, draws, self._noise), hidden
+        # gen_head's column j is drawn as id gen_logit_start + j (the released code takes the logit index for the id)
+        return sample_rows(logits, config.gen_logit_start, draws, self._noise), hidden
