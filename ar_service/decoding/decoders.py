@@ -86,7 +86,7 @@ class EagerDecoder:
         every = torch.cat(logits) if len(logits) > 1 else logits[0]
         states = torch.cat(hidden) if len(hidden) > 1 else hidden[0]
         rows = RowSampling.build(draws, every.device)
-        tokens = sample_rows(every, self.model.config.gen_vocab_start_index, rows).tolist()
+        tokens = sample_rows(every, self.model.config.gen_logit_start, rows).tolist()
         return [Forwarded(lanes, states[first : first + len(lanes)], tokens[first : first + len(lanes)])
                 for first, lanes in shares]
 

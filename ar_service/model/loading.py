@@ -243,8 +243,11 @@ def load_edit_tokenizer(
 
 
 def _check_ids(root: Path, config: ARConfig, t2i: T2IGenerationConfig, tokenizer: PreTrainedTokenizerFast) -> None:
-    if len(tokenizer) > config.total_vocab_size:
-        raise ValueError(f"tokenizer in {root} has {len(tokenizer)} ids; the model has {config.total_vocab_size}")
+    # The id space: logit columns [0, vocab_size + gen_vocab_size), and generation ids with an embedding row up to
+    # gen_vocab_start_index + gen_vocab_size; the two differ when the Dev member's text vocabulary is not 152064.
+    id_space = max(config.total_vocab_size, config.gen_vocab_start_index + config.gen_vocab_size)
+    if len(tokenizer) > id_space:
+        raise ValueError(f"tokenizer in {root} has {len(tokenizer)} ids; the model has {id_space}")
     # Ids the decode emits must be gen_head columns (logit index == id, from gen_logit_start) and generation tokens
     # with an embedding row (from gen_vocab_start_index): config.gen_id_range, the whole generation vocabulary
     # unless the two starts differ.

@@ -389,3 +389,18 @@ def test_the_decode_memory_arithmetic_holds_for_dev_shapes(dev, edge_dev, lanes)
     for loaded in (dev, SimpleNamespace(model=edge_dev[0], config=edge_dev[0].config)):
         test_decode_memory.test_per_slot_bytes_are_what_the_static_decoder_allocates(loaded, 4, 333)
         test_decode_memory.test_the_step_workspace_estimate_bounds_what_a_step_allocates(loaded, 8, 1200, lanes)
+
+
+def test_a_skewed_grid_is_the_same_from_the_eager_and_the_fixed_slot_decoders(edge_dev, few_splits):
+    """A whole guided grid of the skewed model: both decoders turn gen_head column c into id gen_logit_start + c (the
+    released logit-index-is-the-id rule), so the eager and the fixed-slot grids agree id for id, every id a visual
+    token or an EOL."""
+    model, t2i, grid, prompt = edge_dev
+    sampling = SamplingParams(1.0, 0, 1.0)
+    with torch.inference_mode():
+        eager = generate_grid(model, prompt, grid, t2i, sampling, 5, guidance=3.0)
+        static = StaticDecoder(model, slots=2, max_positions=len(prompt) + 2 * grid.decode_tokens, kernels="torch")
+        fast = generate_grid(model, prompt, grid, t2i, sampling, 5, guidance=3.0, decoder=SlotDecoder(static))
+    assert fast.token_ids == eager.token_ids
+    visual = range(t2i.visual_token_start_id, t2i.visual_token_end_id)
+    assert all(token in visual or token == t2i.eol_token_id for token in eager.token_ids)
