@@ -24,6 +24,29 @@ from bench.report import emit
 from bench.services import GpuMemoryWatch, ServiceStack, make_model_dir
 
 
+def input_picture(size: int) -> bytes:
+    """A SIZExSIZE PNG to edit: a smooth colour ramp (its content does not change the work an edit does)."""
+    import io
+
+    from PIL import Image
+
+    ramp = Image.linear_gradient("L").resize((size, size))
+    picture = Image.merge("RGB", (ramp, ramp.transpose(Image.Transpose.ROTATE_90), Image.new("L", (size, size), 96)))
+    out = io.BytesIO()
+    picture.save(out, format="PNG")
+    return out.getvalue()
+
+
+def _send(url: str, edit: bool, body: dict) -> httpx.Response:
+    """One request: a generation (JSON), or an edit of an input picture of the asked size (multipart, size auto)."""
+    if not edit:
+        return httpx.post(f"{url}/v1/images/generations", json=body, timeout=1800)
+    size = int(body["size"].split("x")[0])
+    form = {key: str(value) for key, value in body.items() if key != "size"}
+    files = {"image": ("input.png", input_picture(size), "image/png")}
+    return httpx.post(f"{url}/v1/images/edits", data={**form, "size": "auto"}, files=files, timeout=1800)
+
+
 def parse_points(text: str) -> list[tuple[int, int]]:
     """``"1024:50,512:20"`` -> [(1024, 50), (512, 20)]: square sizes and their denoising steps."""
     points = []
@@ -58,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/ardit-preview"), help="where the model directory goes")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true", help="dry run with the member's tiny model (CPU)")
+    parser.add_argument("--edit", action="store_true",
+                        help="edit a SIZExSIZE input picture through /v1/images/edits instead (a model that edits: Dev)")
     parser.add_argument("--warmup", action="store_true",
                         help="send every point once first, unrecorded (a size's first render pays its lazy set-up)")
     args = parser.parse_args(argv)
@@ -72,18 +97,19 @@ def main(argv: list[str] | None = None) -> int:
         startup_s = stack.start(timeout_s=600)
         points = parse_points(args.points)
         for size, steps in points if args.warmup else ():
-            httpx.post(f"{url}/v1/images/generations", json={"prompt": "warm-up", "size": f"{size}x{size}",
-                       "num_inference_steps": steps, "seed": args.seed}, timeout=1800).raise_for_status()
+            _send(url, args.edit, {"prompt": "warm-up", "size": f"{size}x{size}", "num_inference_steps": steps,
+                                   "seed": args.seed}).raise_for_status()
         for size, steps in points:
             body = {
-                "prompt": "a photo of a red fox sitting in fresh snow, golden hour",
+                "prompt": ("make the fox white" if args.edit
+                           else "a photo of a red fox sitting in fresh snow, golden hour"),
                 "size": f"{size}x{size}",
                 "num_inference_steps": steps,
                 "text_guidance_scale": args.guidance,
                 "seed": args.seed,
             }
             started = time.perf_counter()
-            response = httpx.post(f"{url}/v1/images/generations", json=body, timeout=1800)
+            response = _send(url, args.edit, body)
             wall_s = time.perf_counter() - started
             response.raise_for_status()
             result = response.json()
@@ -106,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         "member": args.member,
         "startup_s": round(startup_s, 1),
         "warmup": args.warmup,
+        "edit": args.edit,
         "weight_read_bound": bound,
         "points": results,
         "peak_gpu_mib": {name: peak.get(pid) for name, pid in stack.pids.items()},
