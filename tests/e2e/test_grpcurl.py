@@ -77,7 +77,8 @@ def test_describe_shows_every_method(stack, readme_lines):
     assert f"{SERVICE.full_name} is a service" in described
     for method in SERVICE.methods:
         request, response = method.input_type.full_name, method.output_type.full_name
-        assert f"rpc {method.name} ( .{request} ) returns (" in described, method.name
+        stream = "stream " if method.client_streaming else ""  # EditImage takes a stream of pieces
+        assert f"rpc {method.name} ( {stream}.{request} ) returns (" in described, method.name
         assert f".{response} )" in described, method.name
 
 
