@@ -228,6 +228,20 @@ def test_multipart_parser_reads_quoted_names_and_binary():
     assert [(p.name, p.data, p.filename) for p in parts] == [("prompt", b"hi", None), ("image", b"\r\n--Xy\x00\xff", "a;b.png")]
 
 
+@pytest.mark.parametrize(("body", "content_type", "says"), [
+    (b"--XyZ\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\nhi\r\n--XyZ\r\nContent-Disposition: form-data; "
+     b"name=\"image\"; filename=\"a.png\"\r\n\r\n\x89PNG", "multipart/form-data; boundary=XyZ", "truncated"),
+    (b"--XyZ\r\nContent-Disposition: form-data; filename=\"a.png\"\r\n\r\nabc\r\n--XyZ--\r\n",
+     "multipart/form-data; boundary=XyZ", "name not found"),
+    (b"prompt=hi", "application/x-www-form-urlencoded", "multipart/form-data"),
+    (b"--XyZ--\r\n", "multipart/form-data", "without a boundary"),
+])
+def test_a_malformed_form_is_a_400_saying_why(client, body, content_type, says):
+    response = client.post(URL, content=body, headers={"content-type": content_type})
+    assert response.status_code == 400, response.text
+    assert says in response.json()["error"]["message"]
+
+
 def test_metrics_count_the_edits_route(client):
     post(client, [png()], prompt="count me")
     text = client.get("/metrics").text
