@@ -31,7 +31,6 @@ spell visual tokens ``<|visual token N|>`` without the released zero padding.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -41,15 +40,14 @@ import torch
 from PIL import Image
 
 from ar_service.model.tokenizer import EOL_TOKEN, IMAGE_END_TOKEN, IMAGE_START_TOKEN, IMAGE_TOKEN
+from servicekit import released_images
+from servicekit.released_images import MAX_TOKENS, MIN_TOKENS, to_rgb
 
 if TYPE_CHECKING:
     from ar_service.model.mammothtok import MammothTok
 
 #: The released patch of MammothTok's input (``image_patch_size`` 7 x spatial merge 2; ``gen_patch_size`` 14).
 PATCH_FACTOR = 14
-MIN_TOKENS = 4  # VIS IMAGE_MIN_TOKEN_NUM
-MAX_TOKENS = 16384  # VIS IMAGE_MAX_TOKEN_NUM
-MAX_RATIO = 200  # VIS MAX_RATIO
 MIN_PIXELS = MIN_TOKENS * PATCH_FACTOR**2  # 784
 MAX_PIXELS = MAX_TOKENS * PATCH_FACTOR**2  # 3,211,264
 # Token strings of the image block that ar_service.model.tokenizer does not name (its GEN_HEADER_TOKENS holds them).
@@ -59,15 +57,6 @@ GEN_PLACEHOLDER_TOKEN = "<|gen_placeholder|>"
 RELEASED_VISUAL_TOKEN = "<|visual token {code:06d}|>"
 
 
-def to_rgb(image: Image.Image) -> Image.Image:
-    """RGB copy: RGBA composited onto white through its alpha channel; any other mode converted."""
-    if image.mode == "RGBA":
-        background = Image.new("RGB", image.size, (255, 255, 255))
-        background.paste(image, mask=image.split()[3])
-        return background
-    return image.convert("RGB")
-
-
 def smart_resize(
     height: int,
     width: int,
@@ -75,29 +64,8 @@ def smart_resize(
     min_pixels: int | None = None,
     max_pixels: int | None = None,
 ) -> tuple[int, int]:
-    """(height, width) after the released rule: multiples of ``factor``, area within [min_pixels, max_pixels]
-    (defaults 4 and 16384 patches), aspect ratio kept as closely as that allows."""
-    max_pixels = MAX_TOKENS * factor**2 if max_pixels is None else max_pixels
-    min_pixels = MIN_TOKENS * factor**2 if min_pixels is None else min_pixels
-    if height < 1 or width < 1:
-        raise ValueError(f"image size must be positive, got {height}x{width} (HxW)")
-    if max_pixels < min_pixels:
-        raise ValueError(f"max_pixels {max_pixels} is below min_pixels {min_pixels}")
-    if max(height, width) / min(height, width) > MAX_RATIO:
-        raise ValueError(f"aspect ratio must be at most {MAX_RATIO}, got {max(height, width) / min(height, width):g}")
-    h_bar = max(factor, round(height / factor) * factor)
-    w_bar = max(factor, round(width / factor) * factor)
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt(height * width / max_pixels)
-        h_bar = math.floor(height / beta / factor) * factor
-        w_bar = math.floor(width / beta / factor) * factor
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    if h_bar < factor or w_bar < factor:
-        raise ValueError(f"{height}x{width} (HxW) cannot fit max_pixels {max_pixels} with sides of at least {factor}")
-    return h_bar, w_bar
+    """The released ``smart_resize`` (servicekit.released_images, its one owner) at MammothTok's factor by default."""
+    return released_images.smart_resize(height, width, factor, min_pixels, max_pixels)
 
 
 def resize_for_mammothtok(
@@ -285,21 +253,11 @@ def tokenize_edit_image(
     return EditImageTokens(height=resized.height, width=resized.width, codes=codes, ids=prompt_ids.ids(codes))
 
 
-#: The DiT's reference rule (../shared/reference/mammothmoda2-dev.md 3b, 3d): the last input image, fetched with
-#: factor 16 and at most 1024 x 1024 pixels, then the VAE processor's bound (no upscaling, sides at most 2048,
-#: multiples of 16), sets the output size of an edit.
-REFERENCE_FACTOR = 16
-REFERENCE_MAX_PIXELS = 1024 * 1024
-REFERENCE_MAX_SIDE = 2048
-
-
 def reference_output_size(width: int, height: int) -> tuple[int, int]:
-    """(width, height) of an edit's output for a last input image of ``width`` x ``height`` (what dit_service renders:
-    the last reference after ``smart_resize(16, max 1024^2)`` and the VAE processor's
-    ``int(side * min(sqrt(max_pixels / (h * w)), 2048 / max(h, w), 1)) // 16 * 16``)."""
-    h, w = smart_resize(height, width, REFERENCE_FACTOR, max_pixels=REFERENCE_MAX_PIXELS)
-    ratio = min(math.sqrt(REFERENCE_MAX_PIXELS / (h * w)), REFERENCE_MAX_SIDE / max(h, w), 1.0)
-    return int(w * ratio) // REFERENCE_FACTOR * REFERENCE_FACTOR, int(h * ratio) // REFERENCE_FACTOR * REFERENCE_FACTOR
+    """(width, height) of an edit's output for a last input image of ``width`` x ``height``: what dit_service renders
+    (servicekit.released_images.reference_size, the rule both services share)."""
+    h, w = released_images.reference_size(height, width)
+    return w, h
 
 
 def expand_placeholders(prompt_ids: Sequence[int], placeholder_id: int, blocks: Sequence[Sequence[int]]) -> list[int]:

@@ -23,7 +23,6 @@ in the released ``fetch_image``).
 from __future__ import annotations
 
 import io
-import math
 import warnings
 
 import numpy as np
@@ -31,62 +30,12 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from protos.status import RequestRejected
+from servicekit.released_images import reference_fetch_size, to_rgb, vae_size
 
-#: ``fetch_image(image_patch_size=8)``: 8 * SPATIAL_MERGE_SIZE (vision_processor.py 25, 97).
-RESIZE_FACTOR = 16
-#: ``IMAGE_MIN_TOKEN_NUM * factor**2`` (vision_processor.py 26, 129): the element passed by extract_ref_image sets none.
-MIN_PIXELS = 4 * RESIZE_FACTOR**2
-#: ``extract_ref_image(max_pixels=1024 * 1024)`` (vision_processor.py 504, 515).
-MAX_PIXELS = 1024 * 1024
-#: ``smart_resize``'s limit on max(h, w) / min(h, w) (vision_processor.py 22, 66-69).
-MAX_RATIO = 200
-#: ``Mammothmoda2VAEImageProcessor`` as ``VAEProcessor`` builds it (t2i_utils.py 39-45).
-VAE_SCALE_FACTOR = 16
-VAE_MAX_SIDE = 2048
-VAE_MAX_PIXELS = 1024 * 1024
 #: ardit's bound on a reference file's declared size, checked before decoding (a small file may declare a huge
 #: image): 8192 x 8192.
 MAX_SOURCE_PIXELS = 8192 * 8192
 FORMATS = ("PNG", "JPEG", "WEBP")
-
-
-def smart_resize(height: int, width: int, factor: int = RESIZE_FACTOR, min_pixels: int = MIN_PIXELS,
-                 max_pixels: int = MAX_PIXELS) -> tuple[int, int]:
-    """(height, width) as the released ``smart_resize`` gives them; ValueError past the aspect-ratio limit."""
-    if max(height, width) / min(height, width) > MAX_RATIO:
-        raise ValueError(
-            f"absolute aspect ratio must be smaller than {MAX_RATIO}, got {max(height, width) / min(height, width)}"
-        )
-    h_bar = max(factor, round(height / factor) * factor)
-    w_bar = max(factor, round(width / factor) * factor)
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = math.floor(height / beta / factor) * factor
-        w_bar = math.floor(width / beta / factor) * factor
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
-
-
-def vae_size(height: int, width: int) -> tuple[int, int]:
-    """(height, width) after ``Mammothmoda2VAEImageProcessor.get_new_height_width``: never upscaled, at most 1024^2
-    pixels and 2048 a side, each side floored to a multiple of 16."""
-    side_ratio = VAE_MAX_SIDE / (height if height > width else width)
-    pixels_ratio = (VAE_MAX_PIXELS / (height * width)) ** 0.5
-    ratio = min(pixels_ratio, side_ratio, 1.0)
-    return (int(height * ratio) // VAE_SCALE_FACTOR * VAE_SCALE_FACTOR,
-            int(width * ratio) // VAE_SCALE_FACTOR * VAE_SCALE_FACTOR)
-
-
-def to_rgb(image: Image.Image) -> Image.Image:
-    """The released ``to_rgb``: RGBA pasted on white through its alpha; any other mode converted to RGB."""
-    if image.mode == "RGBA":
-        background = Image.new("RGB", image.size, (255, 255, 255))
-        background.paste(image, mask=image.split()[3])
-        return background
-    return image.convert("RGB")
 
 
 def preprocess_image(image: Image.Image) -> torch.Tensor:
@@ -94,10 +43,10 @@ def preprocess_image(image: Image.Image) -> torch.Tensor:
     leave it (H, W multiples of 16)."""
     rgb = to_rgb(image)
     width, height = rgb.size
-    new_h, new_w = smart_resize(height, width)
+    new_h, new_w = reference_fetch_size(height, width)
     rgb = rgb.resize((new_w, new_h), resample=Image.Resampling.BICUBIC)
     vae_h, vae_w = vae_size(new_h, new_w)
-    if vae_h <= 0 or vae_w <= 0:  # cannot happen after smart_resize; kept as a check
+    if vae_h <= 0 or vae_w <= 0:  # cannot happen after reference_fetch_size; kept as a check
         raise ValueError(f"the VAE preprocessing leaves a {vae_w}x{vae_h} image")
     rgb = rgb.resize((vae_w, vae_h), resample=Image.Resampling.LANCZOS)
     array = np.asarray(rgb, dtype=np.float32) / 255.0

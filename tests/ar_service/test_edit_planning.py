@@ -193,3 +193,14 @@ def test_make_tiny_dev_is_deterministic_with_its_mammothtok(tmp_path):
     assert digests[0] == digests[1]
     config = json.loads((tmp_path / "a" / "config.json").read_text())
     assert config["gen_tokenizer_config"] == TINY_GEN_TOKENIZER_CONFIG
+
+
+@pytest.mark.parametrize(("width", "height"), [(1024, 1024), (1000, 700), (333, 2047), (3000, 1999), (48, 80)])
+def test_the_output_size_the_ar_announces_is_the_one_the_dit_renders(width, height):
+    """The AR states an edit's size before the DiT sees the input; both read it from servicekit.released_images."""
+    from PIL import Image
+
+    from dit_service.references import preprocess_image
+
+    pixels = preprocess_image(Image.new("RGB", (width, height), (10, 20, 30)))
+    assert reference_output_size(width, height) == (pixels.shape[2], pixels.shape[1])

@@ -26,7 +26,7 @@ from dit_service.model.cuda_graphs import GraphedTransformer
 from dit_service.model.pipeline import DiTPipeline, reference_seed
 from dit_service.model.sampler import start_entry, step_entries
 from dit_service.model.transformer import rope_tables
-from dit_service.references import load_reference, preprocess_image, smart_resize, vae_size
+from dit_service.references import load_reference, preprocess_image
 from dit_service.server import build_server
 from protos import common_pb2, dit_pb2
 from protos.codec import encode_tensor
@@ -34,6 +34,7 @@ from protos.knobs import FAMILIES
 from protos.status import RequestRejected, param_of
 from protos.values import knobs_to_proto
 from servicekit.checkpoint import open_checkpoint
+from servicekit.released_images import reference_fetch_size, vae_size
 from tests.dit_service.conftest import DEV_CONDITION_DIM
 
 LLM = DEV_CONDITION_DIM
@@ -87,8 +88,8 @@ def plain_vae_size(height, width, scale=16, max_side=2048, max_pixels=1024 * 102
                                   (2048, 100), (33, 33)])
 def test_sizes_follow_the_released_rules(size):
     h, w = size
-    assert smart_resize(h, w) == plain_smart_resize(h, w)
-    sh, sw = smart_resize(h, w)
+    assert reference_fetch_size(h, w) == plain_smart_resize(h, w)
+    sh, sw = reference_fetch_size(h, w)
     assert vae_size(sh, sw) == plain_vae_size(sh, sw)
     assert sh % 16 == 0 and sw % 16 == 0 and sh * sw <= 1024 * 1024
 
