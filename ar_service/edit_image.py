@@ -40,6 +40,7 @@ import torch
 from PIL import Image
 
 from ar_service.model.tokenizer import EOL_TOKEN, IMAGE_END_TOKEN, IMAGE_START_TOKEN, IMAGE_TOKEN
+from ar_service.prompt import VisualIds
 from servicekit import released_images
 from servicekit.released_images import MAX_TOKENS, MIN_TOKENS, to_rgb
 
@@ -132,15 +133,6 @@ class _Tokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
 
 
-class _VisualIds(Protocol):
-    @property
-    def eol_token_id(self) -> int: ...
-    @property
-    def visual_token_start_id(self) -> int: ...
-    @property
-    def visual_token_end_id(self) -> int: ...  # exclusive
-
-
 @dataclass(frozen=True)
 class ImagePromptIds:
     """Builds the id block of one input image from its code grid; the header split comes from the tokenizer."""
@@ -156,7 +148,7 @@ class ImagePromptIds:
     tokenizer: _Tokenizer
 
     @classmethod
-    def from_tokenizer(cls, tokenizer: _Tokenizer, t2i: _VisualIds) -> ImagePromptIds:
+    def from_tokenizer(cls, tokenizer: _Tokenizer, t2i: VisualIds) -> ImagePromptIds:
         """Ids from the tokenizer (image specials, EOF, placeholder) and the t2i config (EOL, visual range);
         a token the tokenizer lacks is named in the error."""
         found: dict[str, int] = {}

@@ -17,7 +17,9 @@ from servicekit.checkpoint import SETTING_CHOICES
 SYSTEM_PROMPT = "You are a helpful image generator."
 
 
-class _VisualIds(Protocol):
+class VisualIds(Protocol):
+    """The visual-token ids of ``t2i_generation_config.json`` (``T2IGenerationConfig`` has them)."""
+
     @property
     def eol_token_id(self) -> int: ...
     @property
@@ -208,7 +210,7 @@ def build_negative_prompt(negative_prompt: str) -> str:
     return f"{system_prefix()}{negative_prompt}<|im_end|>\n"
 
 
-def allowed_token_range(generated_len: int, grid: Grid, t2i: _VisualIds) -> tuple[int, int]:
+def allowed_token_range(generated_len: int, grid: Grid, t2i: VisualIds) -> tuple[int, int]:
     """Inclusive id range the next token may take, given how many tokens were generated so far.
 
     ``visual_token_end_id`` is exclusive (t2i_generation_config.json semantics; see
