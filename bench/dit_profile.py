@@ -105,7 +105,7 @@ def gemm_table(shapes: dict[str, tuple[int, int]], rows: int, device: torch.devi
 
 
 def _gemm_row(n: int, k: int, rows: int, device: torch.device, with_swiglu: bool) -> dict:
-    from dit_service.model.transformer import _swiglu, fused_on_cuda
+    from dit_service.model.layers import _swiglu, fused_on_cuda
 
     compiled_quantizer = fused_on_cuda(fp8.quantize_rows)
     width = fp8.padded(k)

@@ -14,8 +14,8 @@ import torch
 
 from ar_service.model.configuration import ARConfig
 from ar_service.model.modeling import count_decode_parameters
+from dit_service.model.layers import ffn_inner_dim
 from dit_service.model.sampler import uses_cfg
-from dit_service.model.transformer import ffn_inner_dim
 
 # -- AR: bytes per decode token --------------------------------------------------------------------------------------
 

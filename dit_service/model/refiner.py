@@ -28,7 +28,7 @@ from typing import cast
 import torch
 from torch import nn
 
-from dit_service.model.transformer import FeedForward, RMSNorm, ffn_inner_dim
+from dit_service.model.layers import FeedForward, RMSNorm, ffn_inner_dim
 
 #: The ``gen_image_condition_refiner_config`` keys a Dev checkpoint may set: the released ``reinit_image_embedder``
 #: splats that dict into SimpleQFormerImageEmbedder beside its own input_dim, hidden_size and num_heads
