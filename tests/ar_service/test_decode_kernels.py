@@ -231,27 +231,7 @@ def test_triton_step_is_batch_invariant_to_the_bit(setup, few_splits, fold_norms
     order depends on the rows beside it."""
     tiny_ar, sampling, prefix = setup
     static = StaticDecoder(tiny_ar.model, slots=4, max_positions=300, kernels="triton", fold_norms=fold_norms)
-    decoder = SlotDecoder(static)
-    grid = grid_for_size(48, 32, 16)
-    ids = prompt_ids_for(tiny_ar.tokenizer, "a cat", grid)
-    alone = generate_grid(tiny_ar.model, ids, grid, tiny_ar.t2i, sampling, 5, prefix=prefix, decoder=decoder)
-
-    def stream(prompt, size, seed, rows):
-        g = grid_for_size(*size, 16)
-        s = DecodeStream(tiny_ar.model, prompt_ids_for(tiny_ar.tokenizer, prompt, g), g, tiny_ar.t2i, sampling, seed,
-                         lambda r, h, t: rows.append(h), prefix=prefix, reserve=False)
-        decoder.admit(s)
-        return s
-
-    rows: list[torch.Tensor] = []
-    # Joiners of 6, 4 and 3 tokens (with EOLs; the last listed joins first), one every second step: the target's
-    # 8 steps run beside 1, 2, 3, then 4 rows, then fewer as the joiners finish.
-    joiners = [stream(f"dog number {k}", size, 100 + k, []) for k, size in enumerate([(32, 16), (48, 16), (32, 32)])]
-    target = stream("a cat", (48, 32), 5, rows)
-    decode_together(decoder, [target], joiners, join_every=2)
-    assert target.tokens == alone.token_ids
-    assert torch.equal(torch.cat(rows), alone.image_condition)
-    assert static.free_slots == 4
+    assert_alone_equals_among_late_joiners(tiny_ar, static, sampling, prefix)
 
 
 def test_triton_step_decodes_a_guided_grid_as_the_eager_decoder_does(setup, few_splits):
@@ -331,3 +311,28 @@ def test_triton_kernels_on_a_cpu_without_the_interpreter_are_refused(setup, monk
         StaticDecoder(tiny_ar.model, 2, 64, kernels="cutlass")
     with pytest.raises(ValueError, match="fold_norms needs kernels='triton'"):
         StaticDecoder(tiny_ar.model, 2, 64, fold_norms=True)
+
+
+def assert_alone_equals_among_late_joiners(loaded, static: StaticDecoder, sampling, prefix) -> None:
+    """A 48x32 stream's tokens and condition rows alone equal those among three others of 6, 4 and 3 tokens (with
+    EOLs; the last listed joins first), one joining every second step: the target's 8 steps run beside 1, 2, 3, then
+    4 rows, then fewer as the joiners finish. ``loaded``: a LoadedAR; ``static``: its 4-slot decoder."""
+    decoder = SlotDecoder(static)
+    grid = grid_for_size(48, 32, 16)
+    ids = prompt_ids_for(loaded.tokenizer, "a cat", grid)
+    alone = generate_grid(loaded.model, ids, grid, loaded.t2i, sampling, 5, prefix=prefix, decoder=decoder)
+
+    def stream(prompt, size, seed, rows):
+        g = grid_for_size(*size, 16)
+        s = DecodeStream(loaded.model, prompt_ids_for(loaded.tokenizer, prompt, g), g, loaded.t2i, sampling, seed,
+                         lambda r, h, t: rows.append(h), prefix=prefix, reserve=False)
+        decoder.admit(s)
+        return s
+
+    rows: list[torch.Tensor] = []
+    joiners = [stream(f"dog number {k}", size, 100 + k, []) for k, size in enumerate([(32, 16), (48, 16), (32, 32)])]
+    target = stream("a cat", (48, 32), 5, rows)
+    decode_together(decoder, [target], joiners, join_every=2)
+    assert target.tokens == alone.token_ids
+    assert torch.equal(torch.cat(rows), alone.image_condition)
+    assert static.free_slots == 4

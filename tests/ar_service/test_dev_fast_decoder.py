@@ -228,24 +228,7 @@ def test_a_dev_stream_is_batch_invariant_to_the_bit(setup, few_splits, kernels, 
     dev, sampling, prefix = setup
     static = StaticDecoder(dev.model, slots=4, max_positions=300, kernels=kernels, full_length=full_length,
                            fold_norms=kernels == "triton")
-    decoder = SlotDecoder(static)
-    grid = grid_for_size(48, 32, 16)
-    alone = _grid(dev, sampling, 5, grid, "a cat", prefix=prefix, decoder=decoder)
-
-    def stream(prompt, size, seed, rows):
-        g = grid_for_size(*size, 16)
-        s = DecodeStream(dev.model, prompt_ids_for(dev.tokenizer, prompt, g), g, dev.t2i, sampling, seed,
-                         lambda r, h, t: rows.append(h), prefix=prefix, reserve=False)
-        decoder.admit(s)
-        return s
-
-    rows: list[torch.Tensor] = []
-    joiners = [stream(f"dog number {k}", size, 100 + k, []) for k, size in enumerate([(32, 16), (48, 16), (32, 32)])]
-    target = stream("a cat", (48, 32), 5, rows)
-    decode_together(decoder, [target], joiners, join_every=2)
-    assert target.tokens == alone.token_ids
-    assert torch.equal(torch.cat(rows), alone.image_condition)
-    assert static.free_slots == 4
+    test_decode_kernels.assert_alone_equals_among_late_joiners(dev, static, sampling, prefix)
 
 
 @triton_only
