@@ -9,20 +9,19 @@ import io
 import json
 import struct
 import zlib
-from concurrent import futures
 
 import grpc
 import pytest
 from fastapi.testclient import TestClient
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from PIL import Image
 
 from gateway.app import create_app
 from gateway.edits import CHUNK_BYTES, parse_multipart
 from gateway.settings import GatewaySettings
-from protos import ar_pb2, ar_pb2_grpc, channels, common_pb2
+from protos import ar_pb2, ar_pb2_grpc, common_pb2
 from protos.status import abort
 from protos.values import knobs_from_proto
+from tests.gateway.test_gateway_fake_backend import start_fake_backend
 
 URL = "/v1/images/edits"
 
@@ -61,15 +60,9 @@ class FakeEditor(ar_pb2_grpc.ImageGeneratorServicer):
 
 @pytest.fixture(scope="module")
 def backend():
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=channels.server_options())
     editor = FakeEditor()
-    ar_pb2_grpc.add_ImageGeneratorServicer_to_server(editor, server)
-    health_servicer = health.HealthServicer()
-    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    yield f"127.0.0.1:{port}", editor
+    server, address, _ = start_fake_backend(editor)
+    yield address, editor
     server.stop(grace=None)
 
 

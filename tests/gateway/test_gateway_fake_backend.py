@@ -78,17 +78,23 @@ class FakeGenerator(ar_pb2_grpc.ImageGeneratorServicer):
         )])
 
 
-@pytest.fixture(scope="module")
-def backend():
+def start_fake_backend(servicer) -> tuple[grpc.Server, str, health.HealthServicer]:
+    """A real gRPC server on loopback with ``servicer`` as its ImageGenerator and a SERVING health service."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=channels.server_options())
-    generator = FakeGenerator()
-    ar_pb2_grpc.add_ImageGeneratorServicer_to_server(generator, server)
+    ar_pb2_grpc.add_ImageGeneratorServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer()
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    yield f"127.0.0.1:{port}", generator, health_servicer
+    return server, f"127.0.0.1:{port}", health_servicer
+
+
+@pytest.fixture(scope="module")
+def backend():
+    generator = FakeGenerator()
+    server, address, health_servicer = start_fake_backend(generator)
+    yield address, generator, health_servicer
     server.stop(grace=None)
 
 
