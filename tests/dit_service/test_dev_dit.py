@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import nn
 
-from dit_service.engine import DiTEngine, FinishedImage, RenderDone, RenderFailed
+from dit_service.engine import DiTEngine
 from dit_service.model import transformer as transformer_module
 from dit_service.model.pipeline import (
     DEV_CONDITION_MODE,
@@ -45,6 +45,7 @@ from protos.knobs import FAMILIES
 from protos.status import RequestRejected
 from servicekit.checkpoint import open_checkpoint, save_tensors
 from servicekit.fp8 import FP8Linear
+from tests.dit_service import test_engine_batching as engine_batching
 from tests.dit_service.conftest import DEV_CONDITION_DIM, write_root
 
 LLM = DEV_CONDITION_DIM
@@ -472,15 +473,7 @@ def test_an_engine_render_batched_equals_it_alone(dev_pipeline, text, image, neg
         return engine.submit(plan, torch.cat([text_rows, image]), neg_rows)
 
     def collect(job):
-        images = {}
-        while True:
-            event = job.events.get(timeout=120)
-            if isinstance(event, RenderFailed):
-                raise event.error
-            if isinstance(event, FinishedImage):
-                images[event.index] = event.data
-            if isinstance(event, RenderDone):
-                return images
+        return engine_batching.collect(job, timeout=120)[0]
 
     batched = DiTEngine(dev_pipeline, FAMILIES["mammothmoda2"], max_condition_positions=4096, max_batch_size=4)
     alone = DiTEngine(dev_pipeline, FAMILIES["mammothmoda2"], max_condition_positions=4096, deterministic=True)

@@ -21,7 +21,7 @@ import pytest
 import torch
 from PIL import Image
 
-from dit_service.engine import DiTEngine, FinishedImage, RenderDone, RenderFailed
+from dit_service.engine import DiTEngine
 from dit_service.model.cuda_graphs import GraphedTransformer
 from dit_service.model.pipeline import DiTPipeline, reference_seed
 from dit_service.model.sampler import start_entry, step_entries
@@ -35,6 +35,7 @@ from protos.status import RequestRejected, param_of
 from protos.values import knobs_to_proto
 from servicekit.checkpoint import open_checkpoint
 from servicekit.released_images import reference_fetch_size, vae_size
+from tests.dit_service import test_engine_batching as engine_batching
 from tests.dit_service.conftest import DEV_CONDITION_DIM
 
 LLM = DEV_CONDITION_DIM
@@ -521,16 +522,7 @@ def _engine_images(engine, renders):
         jobs.append(engine.submit(plan, torch.cat([text, IMAGE]), NEGATIVE, references=refs))
     results = []
     for job in jobs:
-        images = {}
-        while True:
-            event = job.events.get(timeout=120)
-            if isinstance(event, RenderFailed):
-                raise event.error
-            if isinstance(event, FinishedImage):
-                images[event.index] = event.data
-            if isinstance(event, RenderDone):
-                break
-        results.append(images)
+        results.append(engine_batching.collect(job, timeout=120)[0])
     return results
 
 
