@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
             max_chunk_bytes=settings.max_chunk_bytes,
             max_condition_chunks=settings.max_condition_chunks,
             max_reference_bytes=settings.max_reference_bytes,
+            png_compress_level=settings.png_compress_level,
             max_batch_size=settings.max_batch_size,
             max_queued_renders=settings.max_queued_renders,
             deterministic=settings.deterministic,

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from dit_service.imaging import PREVIEW_PNG_COMPRESS_LEVEL, encode_image, enlarge
+from dit_service.imaging import PNG_COMPRESS_LEVEL, PREVIEW_PNG_COMPRESS_LEVEL, encode_image, enlarge
 from dit_service.model.pipeline import DiTPipeline
 from dit_service.model.sampler import DenoiseCancelled
 from dit_service.planning import (  # noqa: F401  (names callers import from here)
@@ -172,6 +172,7 @@ class DiTEngine:
         knob_defaults: Mapping[str, Any] | None = None,
         identity: ModelIdentity | None = None,
         max_reference_bytes: int | None = None,
+        png_compress_level: int = PNG_COMPRESS_LEVEL,
     ):
         """``batch_window_s``: how long a render about to start a new batch waits for more renders of its size while
         others are admitted (0: never waits; see the module docstring). ``knob_defaults``: the checkpoint's
@@ -201,6 +202,7 @@ class DiTEngine:
         self.max_queued_renders = max_queued_renders
         self.deterministic = deterministic
         self.batch_window_s = batch_window_s
+        self.png_compress_level = png_compress_level
         self.metrics = EngineMetrics(max_batch_size)
         self.profiler = profiler  # None: no tracing, stage labels are a shared no-op
         self._lock = threading.Condition()
@@ -573,7 +575,7 @@ class DiTEngine:
         pixels = enlarge(pixels, plan.upscale)
         t2 = time.perf_counter()
         with stage(self.profiler, "dit.encode"), tracing.span("dit.encode", job.trace, image_index=index, format=plan.output_format):
-            data = encode_image(pixels, plan.output_format, plan.output_compression)
+            data = encode_image(pixels, plan.output_format, plan.output_compression, png_level=self.png_compress_level)
         t3 = time.perf_counter()
         for preview in running.previews:  # the partial images go out before the image, and count in its timings
             preview.result()

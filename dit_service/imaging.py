@@ -12,10 +12,13 @@ from protos.formats import FORMATS
 # Quality when the caller gives no output_compression: 90 keeps JPEG/WebP artefacts hard to see at a fraction of
 # PNG's size (Pillow's own defaults are 75 and 80).
 DEFAULT_QUALITY = 90
-# Fixed zlib level so PNG bytes never depend on Pillow defaults changing; 6 is zlib's usual speed/size balance.
-PNG_COMPRESS_LEVEL = 6
-# Partial images are looked at once and replaced: zlib's fastest level (a 1024x1024 preview at level 6 took 277 ms
-# on the H200 host, 7% of the render it previews; bench/results/h200/preview_cost.json).
+# zlib level of an answered PNG (dit_service's png_compress_level setting), fixed so PNG bytes never depend on
+# Pillow's defaults. The fastest level: on the H100 host a smooth 1024x1024 picture took 178 ms at level 1 and 555 ms
+# at level 6, for a file 17% larger (1,768 KiB against 1,510; bench/results/h100/png_levels.json); the encode sits
+# on every image's critical path, the bytes only on the wire.
+PNG_COMPRESS_LEVEL = 1
+# Partial images are looked at once and replaced: zlib's fastest level whatever the setting (a 1024x1024 preview at
+# level 6 took 277 ms on the H200 host, 7% of the render it previews; bench/results/h200/preview_cost.json).
 PREVIEW_PNG_COMPRESS_LEVEL = 1
 # Fixed WebP effort (0 fast .. 6 slow); part of what makes the bytes reproducible.
 WEBP_METHOD = 4

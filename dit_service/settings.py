@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from dit_service.imaging import PNG_COMPRESS_LEVEL
 from servicekit.settings import ModelServiceSettings
 
 
@@ -25,6 +26,10 @@ class DiTSettings(ModelServiceSettings):
         65_536, ge=1, description="most condition positions one Render may declare (bounds its memory)"
     )
     max_workers: int = Field(32, ge=2, description="gRPC handler threads")
+    png_compress_level: int = Field(
+        PNG_COMPRESS_LEVEL, ge=0, le=9,
+        description="zlib level of answered PNGs: 1 is the fastest encode, 9 the smallest file (the pixels are the same)",
+    )
     random_weights: bool = Field(
         False,
         description="build the checkpoint's DiT/VAE/refiner from config.json with random weights straight on the "

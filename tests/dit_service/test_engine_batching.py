@@ -177,3 +177,29 @@ def test_a_render_of_another_size_behind_the_head_ends_the_window(pipeline):
         assert collect(other)[0]
     finally:
         engine.close()
+
+
+def test_the_png_level_setting_changes_the_file_not_the_picture(pipeline):
+    """dit_service's png_compress_level: the same render at zlib level 9 is a smaller file than at level 0, and both
+    decode to the same pixels (a user choosing bytes over encode time loses nothing else)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from dit_service.settings import DiTSettings
+
+    files = {}
+    for level in (0, 9):
+        engine = make_engine(pipeline, png_compress_level=level)
+        try:
+            images, _, _ = collect(submit(engine, seed=3, steps=2))
+        finally:
+            engine.close()
+        files[level] = images[0]
+    assert len(files[9]) < len(files[0])
+    pixels = [np.asarray(Image.open(io.BytesIO(data)).convert("RGB")) for data in files.values()]
+    assert np.array_equal(pixels[0], pixels[1])
+    assert DiTSettings().png_compress_level == 1  # the fastest encode by default
+    with pytest.raises(ValueError, match="png_compress_level"):
+        DiTSettings(png_compress_level=10)
