@@ -43,9 +43,10 @@ DEFAULT_CHECKS: tuple[CheckConfig, ...] = (
 
 @torch.no_grad()
 def held_out_accuracy(ar, pipeline, count: int, checks: tuple[CheckConfig, ...] = DEFAULT_CHECKS,
-                      budget_s: float = 60.0, seed: int = 0) -> list[dict]:
+                      budget_s: float = 60.0, seed: int = 0, decode: dict | None = None) -> list[dict]:
     """One score line per (steps, guidance, scramble); each caption's grid is decoded once and rendered per line.
-    ``grid_*``: the AR's greedy grid against the scene's own codes (cells right, whole grid right)."""
+    ``grid_*``: the AR's greedy grid against the scene's own codes (cells right, whole grid right). ``decode``: more
+    arguments of ``generate_grid`` (a Dev model's ``condition_scope`` and ``image_end_id``)."""
     tokenizer = build_tokenizer()
     _, held = split_scenes()
     g = grid()
@@ -57,7 +58,8 @@ def held_out_accuracy(ar, pipeline, count: int, checks: tuple[CheckConfig, ...] 
     for i, ex in enumerate(examples(held, count, seed=random.Random(seed).randrange(2**31))):
         if time.monotonic() - start > budget_s:
             break
-        result = generate_grid(ar, prompt_ids_for(tokenizer, ex.caption, g), g, t2i, SamplingParams(temperature=0.0), seed + i)
+        result = generate_grid(ar, prompt_ids_for(tokenizer, ex.caption, g), g, t2i, SamplingParams(temperature=0.0),
+                               seed + i, **(decode or {}))
         truth = scene_grid_ids(ex.scene)
         cells = sum(a == b for a, b in zip(result.token_ids, truth, strict=False)) / len(truth)
         for total, (steps, guidance, scramble) in zip(totals, checks, strict=True):

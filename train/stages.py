@@ -198,18 +198,21 @@ def scene_grid_ids(scene: Scene) -> list[int]:
 def token_batch(examples_: list[Example], tokenizer, device) -> TokenBatch:
     g = grid()
     codes: dict[Scene, list[int]] = {}
-    rows, prompt_lengths, grids = [], [], []
+    prompts, grids = [], []
     for ex in examples_:
         if ex.scene not in codes:
             codes[ex.scene] = scene_grid_ids(ex.scene)
-        prompt = prompt_ids_for(tokenizer, ex.caption, g)
-        rows.append(prompt + codes[ex.scene])
-        prompt_lengths.append(len(prompt))
+        prompts.append(prompt_ids_for(tokenizer, ex.caption, g))
         grids.append(codes[ex.scene])
+    return pack_tokens(prompts, grids, tokenizer.pad_token_id, device)
+
+
+def pack_tokens(prompts: list[list[int]], grids: list[list[int]], pad: int, device, tail: list[int] = ()) -> TokenBatch:
+    """Rows prompt + grid (+ ``tail``), right-padded with ``pad``."""
+    rows = [p + g + list(tail) for p, g in zip(prompts, grids, strict=True)]
     width = max(len(r) for r in rows)
-    pad = tokenizer.pad_token_id
     ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=torch.long)
-    return TokenBatch(ids.to(device), torch.tensor(prompt_lengths, device=device), grids)
+    return TokenBatch(ids.to(device), torch.tensor([len(p) for p in prompts], device=device), grids)
 
 
 def ar_hidden(model: MammothModa2AR, ids: torch.Tensor) -> torch.Tensor:
@@ -220,18 +223,23 @@ def ar_hidden(model: MammothModa2AR, ids: torch.Tensor) -> torch.Tensor:
 
 
 def train_ar(model: MammothModa2AR, scale: Scale, seed: int, device, budget_s: float) -> StageLog:
-    tokenizer = build_tokenizer()
-    data = token_batch(examples(training_scenes(seed), scale.ar_examples, seed + 1), tokenizer, device)
-    g = grid()
-    n_targets = g.condition_positions  # every visual token and EOL of the grid
-    gen_start = model.config.gen_vocab_start_index
+    data = token_batch(examples(training_scenes(seed), scale.ar_examples, seed + 1), build_tokenizer(), device)
     log = StageLog("ar", data={"examples": data.ids.shape[0], "batch": scale.ar_batch, "sequence": data.ids.shape[1]})
+    fit_ar(model, data, log, scale.ar_steps, scale.ar_batch, seed, device, budget_s)
+    return log
+
+
+def fit_ar(model: MammothModa2AR, data: TokenBatch, log: StageLog, steps: int, batch: int, seed: int, device,
+           budget_s: float) -> None:
+    """Teacher forcing: cross-entropy over the generation vocabulary on every grid token of ``data``'s rows."""
+    n_targets = grid().condition_positions  # every visual token and EOL of the grid
+    gen_start = model.config.gen_vocab_start_index
     generator = torch.Generator(device=device).manual_seed(seed)
     offsets = torch.arange(n_targets, device=device)
     model.train()
 
     def step_fn(step: int) -> torch.Tensor:
-        idx = torch.randint(0, data.ids.shape[0], (scale.ar_batch,), device=device, generator=generator)
+        idx = torch.randint(0, data.ids.shape[0], (batch,), device=device, generator=generator)
         ids = data.ids[idx]
         final = ar_hidden(model, ids)
         # Position p - 1 predicts token p: the grid's tokens sit at prompt_length .. prompt_length + n - 1.
@@ -241,9 +249,8 @@ def train_ar(model: MammothModa2AR, scale: Scale, seed: int, device, budget_s: f
         logits = model.gen_head(hidden).float()
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
-    run_loop(log, list(model.parameters()), step_fn, scale.ar_steps, budget_s, lr=1e-3, warmup=100)
+    run_loop(log, list(model.parameters()), step_fn, steps, budget_s, lr=1e-3, warmup=100)
     model.eval()
-    return log
 
 
 @torch.no_grad()

@@ -25,7 +25,11 @@ EMPTY_BELOW = 1 / 16
 
 def scene_codes(scene: Scene, cell: int) -> np.ndarray:
     """int64 [rows, cols] codes of ``scene`` on a grid of ``cell``-pixel cells."""
-    coverage = cell_coverage(scene, cell)
+    return coverage_codes(scene, cell_coverage(scene, cell))
+
+
+def coverage_codes(scene: Scene, coverage: np.ndarray) -> np.ndarray:
+    """int64 codes of cells whose shape coverage (share of the cell, 0..1) is ``coverage``, in ``scene``'s colours."""
     level = np.clip(np.rint(coverage * (LEVELS - 1)), 1, LEVELS - 1).astype(np.int64)
     empty = coverage < EMPTY_BELOW
     colour = np.where(empty, COLOURS.index(scene.background), COLOURS.index(scene.colour))

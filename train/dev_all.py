@@ -1,0 +1,114 @@
+"""``python -m train.dev_all --out DIR``: the Dev shapes model that draws from captions and edits from instructions.
+
+Warm-started from the Preview shapes checkpoint (``--warm-start``, default ``train/checkpoints/shapes``: VAE, DiT and
+AR tensors of the same name and shape), then MammothTok, AR and DiT, each time-boxed; the checkpoint is written after
+each stage, and the in-process check (captions and edits, held out) picks the image guidance default it is served
+with. The record goes to ``training_log.json`` beside ``--out`` (or in ``--log-dir``), as ``train.all``'s does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # as train.cli: no torch.compile while training
+
+import torch  # noqa: E402
+
+from train import dev_architecture, dev_stages, report, selfcheck  # noqa: E402
+from train.cli import seed_everything  # noqa: E402
+
+DEFAULT_WARM_START = Path(__file__).parent / "checkpoints" / "shapes"
+#: Seconds of training per stage: about 10 minutes of one H100 in all, with data, conditions and the checks.
+DEFAULT_BUDGET_S = {"tok": 30.0, "ar": 100.0, "dit": 330.0}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True, help="checkpoint directory (replaced)")
+    p.add_argument("--warm-start", type=Path, default=DEFAULT_WARM_START, help="the Preview shapes checkpoint")
+    p.add_argument("--log-dir", type=Path, help=f"where {report.LOG_NAME} and {report.PLOT_NAME} go (default: beside --out)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scale", choices=sorted(dev_stages.SCALES), default="full", help="data and steps (micro: CPU test)")
+    for name, seconds in DEFAULT_BUDGET_S.items():
+        p.add_argument(f"--budget-{name}", type=float, default=seconds, help=f"seconds of {name} training at most")
+    p.add_argument("--dit-batch", type=int, help="DiT batch size (default: the scale's)")
+    p.add_argument("--dit-lr", type=float, default=dev_stages.DIT_PEAK_LR, help="DiT peak learning rate")
+    p.add_argument("--edit-share", type=float, default=0.5, help="share of DiT batches that are edits")
+    p.add_argument("--eval-budget", type=float, default=90.0, help="seconds for the in-process checks (0: skip)")
+    return p
+
+
+def run(args: argparse.Namespace) -> dict:
+    started = time.monotonic()
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    seed_everything(args.seed)
+    scale = dev_stages.SCALES[args.scale]
+    if args.dit_batch:
+        scale = replace(scale, dit_batch=args.dit_batch)
+    ar = dev_architecture.new_ar(device, args.seed)
+    dit, vae = dev_architecture.new_dit_and_vae(device, args.seed)
+    tok = dev_architecture.new_mammothtok(device, args.seed)
+    warm = dev_architecture.warm_start(args.warm_start, ar, dit, vae, device).to_dict()
+    print(f"warm start from {args.warm_start}: {warm['tensors_copied']} tensors, {warm['parameters_copied']} parameters; "
+          f"fresh {warm['fresh_tensors']}", flush=True)
+
+    def save(serving=dev_architecture.SERVING) -> None:
+        dev_architecture.save(args.out, ar, dit, vae, tok, serving)
+
+    logs = [dev_stages.train_mammothtok(tok, scale, args.seed, device, args.budget_tok)]
+    save()
+    prompts = dev_stages.Prompts(tok)
+    logs.append(dev_stages.train_ar(ar, prompts, scale, args.seed, device, args.budget_ar))
+    print(f"[ar] held-out greedy grids exact: {logs[-1].data['held_out_grid_exact']}", flush=True)
+    save()
+    pipeline = dev_architecture.pipeline_for(dit, vae, device)
+    logs.append(dev_stages.train_dit(pipeline, ar, prompts, scale, args.seed, device, args.budget_dit,
+                                     edit_share=args.edit_share, lr=args.dit_lr))
+    save()
+    print(f"checkpoint written to {args.out}", flush=True)
+    record: dict = {"kind": "dev", "seed": args.seed, "scale": args.scale, "warm_start": str(args.warm_start),
+                    "device": str(torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
+                    "warm_start_report": warm, "stages": [log.to_dict() for log in logs]}
+    if args.eval_budget > 0:
+        record.update(check(ar, dit, vae, prompts, scale, device, args.eval_budget))
+        best = record.get("image_guidance_default")
+        if best is not None:
+            save(dev_architecture.with_image_guidance(best))
+    record["wall_seconds"] = round(time.monotonic() - started, 1)
+    path = report.append_run(args.log_dir or args.out.parent, record)
+    print(f"log written to {path} ({record['wall_seconds']} s in all)", flush=True)
+    return record
+
+
+def check(ar, dit, vae, prompts, scale, device, budget_s: float) -> dict:
+    """Held-out captions (``selfcheck``, with the Dev decode) and held-out edits per kind, at the served steps and text
+    guidance; the image guidance whose edits read right most often becomes the served default."""
+    ar.eval()
+    pipeline = dev_architecture.pipeline_for(dit, vae, device)
+    steps = scale.eval_steps or selfcheck.SERVED_STEPS
+    guidance = selfcheck.SERVED_GUIDANCE
+    checks = ((steps, guidance, False), (steps, guidance, True))
+    captions = selfcheck.held_out_accuracy(ar, pipeline, scale.eval_captions, checks, budget_s=budget_s / 3,
+                                           decode=prompts.decode_kwargs())
+    edits = dev_stages.held_out_edits(ar, pipeline, prompts, scale.eval_edits, steps, guidance,
+                                      budget_s=budget_s * 2 / 3)
+    for line in captions + edits:
+        print(f"[check] {line}", flush=True)
+    return {"held_out_check": captions, "held_out_edits": edits,
+            "image_guidance_default": dev_stages.best_image_guidance(edits)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    run(parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
