@@ -154,16 +154,20 @@ class Prompts:
         self.image_ids = ImagePromptIds.from_tokenizer(self.tokenizer, architecture.t2i())
         self.image_end = int(self.tokenizer.convert_tokens_to_ids(IMAGE_END_TOKEN))
         self._blocks: dict[Scene, list[int]] = {}
+        self._texts: dict[tuple[str, bool], list[int]] = {}  # the grammar repeats its wordings: tokenise each once
 
     def caption(self, text: str) -> list[int]:
-        return prompt_ids_for(self.tokenizer, text, grid())
+        if (text, False) not in self._texts:
+            self._texts[text, False] = prompt_ids_for(self.tokenizer, text, grid())
+        return list(self._texts[text, False])
 
     def edit(self, instruction: str, source: Scene) -> list[int]:
         """``prompt_ids_for_edit`` with the source picture's MammothTok block spliced in (``expand_placeholders``)."""
         if source not in self._blocks:
             self._blocks[source] = tokenize_edit_image(picture(source), self.tok, self.image_ids).ids
-        ids = prompt_ids_for_edit(self.tokenizer, instruction, grid(), 1)
-        return expand_placeholders(ids, self.image_ids.placeholder, [self._blocks[source]])
+        if (instruction, True) not in self._texts:
+            self._texts[instruction, True] = prompt_ids_for_edit(self.tokenizer, instruction, grid(), 1)
+        return expand_placeholders(self._texts[instruction, True], self.image_ids.placeholder, [self._blocks[source]])
 
     def decode_kwargs(self) -> dict:
         """How ar_service decodes a Dev grid: the released split, ``<|image end|>`` fed after the grid."""
