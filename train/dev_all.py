@@ -30,6 +30,9 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True, help="checkpoint directory (replaced)")
     p.add_argument("--warm-start", type=Path, default=DEFAULT_WARM_START, help="the Preview shapes checkpoint")
+    p.add_argument("--resume", type=Path,
+                   help="continue from this Dev checkpoint (train.dev_all's) instead of a warm start; a stage whose "
+                        "budget is 0 is skipped, so --budget-tok 0 --budget-ar 0 trains its DiT further")
     p.add_argument("--log-dir", type=Path, help=f"where {report.LOG_NAME} and {report.PLOT_NAME} go (default: beside --out)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seed", type=int, default=0)
@@ -53,28 +56,39 @@ def run(args: argparse.Namespace) -> dict:
     scale = dev_stages.SCALES[args.scale]
     if args.dit_batch:
         scale = replace(scale, dit_batch=args.dit_batch)
-    ar = dev_architecture.new_ar(device, args.seed)
-    dit, vae = dev_architecture.new_dit_and_vae(device, args.seed)
-    tok = dev_architecture.new_mammothtok(device, args.seed)
-    warm = dev_architecture.warm_start(args.warm_start, ar, dit, vae, device).to_dict()
-    print(f"warm start from {args.warm_start}: {warm['tensors_copied']} tensors, {warm['parameters_copied']} parameters; "
-          f"fresh {warm['fresh_tensors']}", flush=True)
+    warm: dict | None = None
+    if args.resume:
+        ar, dit, vae, tok = dev_architecture.load(args.resume, device, args.seed)
+        tok.eval()
+        print(f"resumed from {args.resume}", flush=True)
+    else:
+        ar = dev_architecture.new_ar(device, args.seed)
+        dit, vae = dev_architecture.new_dit_and_vae(device, args.seed)
+        tok = dev_architecture.new_mammothtok(device, args.seed)
+        warm = dev_architecture.warm_start(args.warm_start, ar, dit, vae, device).to_dict()
+        print(f"warm start from {args.warm_start}: {warm['tensors_copied']} tensors, {warm['parameters_copied']} "
+              f"parameters; fresh {warm['fresh_tensors']}", flush=True)
 
     def save(serving=dev_architecture.SERVING) -> None:
         dev_architecture.save(args.out, ar, dit, vae, tok, serving)
 
-    logs = [dev_stages.train_mammothtok(tok, scale, args.seed, device, args.budget_tok)]
-    save()
+    logs = []
+    if args.budget_tok > 0:
+        logs.append(dev_stages.train_mammothtok(tok, scale, args.seed, device, args.budget_tok))
+        save()
     prompts = dev_stages.Prompts(tok)
-    logs.append(dev_stages.train_ar(ar, prompts, scale, args.seed, device, args.budget_ar))
-    print(f"[ar] held-out greedy grids exact: {logs[-1].data['held_out_grid_exact']}", flush=True)
-    save()
+    if args.budget_ar > 0:
+        logs.append(dev_stages.train_ar(ar, prompts, scale, args.seed, device, args.budget_ar))
+        print(f"[ar] held-out greedy grids exact: {logs[-1].data['held_out_grid_exact']}", flush=True)
+        save()
+    ar.eval()
     pipeline = dev_architecture.pipeline_for(dit, vae, device)
     logs.append(dev_stages.train_dit(pipeline, ar, prompts, scale, args.seed, device, args.budget_dit,
                                      edit_share=args.edit_share, lr=args.dit_lr))
     save()
     print(f"checkpoint written to {args.out}", flush=True)
-    record: dict = {"kind": "dev", "seed": args.seed, "scale": args.scale, "warm_start": str(args.warm_start),
+    record: dict = {"kind": "dev", "seed": args.seed, "scale": args.scale,
+                    "resumed_from" if args.resume else "warm_start": str(args.resume or args.warm_start),
                     "device": str(torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
                     "warm_start_report": warm, "stages": [log.to_dict() for log in logs]}
     if args.eval_budget > 0:
