@@ -106,6 +106,19 @@ def placeholder_count(rows: int, cols: int) -> int:
     return rows * (cols + 1) + 5 + len(str(rows)) + len(str(cols))
 
 
+def released_positions(height: int, width: int) -> int:
+    """Prompt positions of a ``height`` x ``width`` input at the released resize (smart_resize at factor 14 within
+    MAX_PIXELS): 1024 x 1024 -> 1022 x 1022 -> 73 x 73 codes -> 5,411 positions."""
+    rows, cols = (side // PATCH_FACTOR for side in smart_resize(height, width))
+    return placeholder_count(rows, cols)
+
+
+#: ``edit_image_positions``' default: a 1024 x 1024 input tokenised at the released resolution, not scaled down. The
+#: released code caps one image at MAX_TOKENS codes and the prompt not at all; ardit bounds the prompt (its decode
+#: memory is sized for it), so larger inputs, or several, share these positions.
+DEFAULT_EDIT_IMAGE_POSITIONS = released_positions(1024, 1024)
+
+
 def image_prompt_text(codes: torch.Tensor | Sequence[Sequence[int]]) -> str:
     """The released prompt text of a code grid (rows, cols), visual tokens in the released zero-padded form."""
     grid = _as_rows(codes)

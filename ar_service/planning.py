@@ -31,6 +31,7 @@ from ar_service.conditions import (
 )
 from ar_service.decoding import DEFAULT_ROW_WINDOW, DEFAULT_SPEC_WINDOW, MODES, SEQUENTIAL, SPECULATIVE, Decoding
 from ar_service.edit_image import (
+    DEFAULT_EDIT_IMAGE_POSITIONS,
     MIN_PIXELS,
     ImagePromptIds,
     expand_placeholders,
@@ -94,7 +95,7 @@ class EditLimits:
     max_image_bytes: int = 33_554_432  # dit_service's bound on one reference
     max_total_bytes: int = 67_108_864
     max_image_pixels: int = 40_000_000
-    image_positions: int = 4096  # prompt positions for all input images' MammothTok blocks
+    image_positions: int = DEFAULT_EDIT_IMAGE_POSITIONS  # prompt positions for all input images' MammothTok blocks
 
 
 def prompt_ids_for_edit(tokenizer: Any, instruction: str, grid: Grid, images: int) -> list[int]:

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from ar_service.edit_image import DEFAULT_EDIT_IMAGE_POSITIONS
 from servicekit.settings import GrpcTarget, ModelServiceSettings
 
 
@@ -46,8 +47,9 @@ class ARSettings(ModelServiceSettings):
         40_000_000, ge=1, description="largest width * height of an edit's input image (larger: refused, a decompression bomb)"
     )
     edit_image_positions: int = Field(
-        4096, ge=16, description="prompt positions all input images of an edit may take as MammothTok tokens (each image "
-        "gets an equal share and is scaled down to fit it; bounded by the model's positions)",
+        DEFAULT_EDIT_IMAGE_POSITIONS, ge=16, description="prompt positions all input images of an edit may take as "
+        "MammothTok tokens (each image gets an equal share and is scaled down to fit it; bounded by the model's "
+        "positions); the default holds a 1024x1024 input at the released 73x73 codes",
     )
     # -- batching and admission --
     max_batch_size: int = Field(

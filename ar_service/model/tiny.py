@@ -177,7 +177,8 @@ def tiny_dev_llm_config() -> dict:
         "num_key_value_heads": 2,
         "head_dim": 16,
         "hidden_act": "silu",
-        "max_position_embeddings": 4096,
+        # room for a 1024x1024 input at the released 73x73 codes beside a prompt and a grid (edit_image_positions)
+        "max_position_embeddings": 8192,
         "rms_norm_eps": 1e-6,
         "rope_theta": 5000000.0,
         # head_dim / 2 = 8 frequencies: T 4, H 2 (indices 1, 4), W 2 (indices 2, 5), as Qwen3-VL-8B's [24, 20, 20] of 64.

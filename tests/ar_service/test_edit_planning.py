@@ -204,3 +204,18 @@ def test_the_output_size_the_ar_announces_is_the_one_the_dit_renders(width, heig
 
     pixels = preprocess_image(Image.new("RGB", (width, height), (10, 20, 30)))
     assert reference_output_size(width, height) == (pixels.shape[2], pixels.shape[1])
+
+
+def test_a_1024_input_is_tokenised_at_the_released_73x73_by_default(dev_root):
+    """The released resize of a 1024x1024 input gives 73x73 codes (1022x1022 pixels); the default edit_image_positions
+    holds them all, and a smaller setting scales the input down to fit."""
+    checkpoint = open_checkpoint(dev_root)
+    picture = png(1024, 1024)
+    for limits, grid in ((EditLimits(), (73, 73)), (EditLimits(image_positions=4096), (60, 60))):
+        engine = AREngine(load_ar(dev_root), checkpoint, FAMILIES[checkpoint.family], FakeRenderer(), edit_limits=limits)
+        try:
+            plan = engine.plan(prompt="make it blue", images=[picture], width=64, height=64, seed=1)
+        finally:
+            engine.close()
+        ((_, _, rows, cols),) = plan.reference_grids
+        assert (rows, cols) == grid
