@@ -248,12 +248,17 @@ def tokenize_edit_image(
     prompt_ids: ImagePromptIds,
     min_pixels: int | None = None,
     max_pixels: int | None = None,
-    released_bf16_distances: bool = False,
+    released_bf16_distances: bool | None = None,
 ) -> EditImageTokens:
-    """Resize, normalise, encode with ``model`` (on its device) and build the prompt ids of one input image."""
+    """Resize, normalise, encode with ``model`` (on its device) and build the prompt ids of one input image.
+    ``released_bf16_distances`` None: as the released bf16-autocast run rounds them when ``model`` is bf16 (the codes
+    the released tokenizer gives, which the Dev AR learnt from; mammothtok.py "Numerics"), float32 otherwise."""
     factor = model.config.patch_size
     resized = resize_for_mammothtok(image, min_pixels, max_pixels, factor=factor)
-    pixels = pixels_from_image(resized).to(model.quant_conv.weight.device)
+    weight = model.quant_conv.weight
+    pixels = pixels_from_image(resized).to(weight.device)
+    if released_bf16_distances is None:
+        released_bf16_distances = weight.dtype == torch.bfloat16
     codes = model.encode(pixels, released_bf16_distances=released_bf16_distances)[0].cpu()
     return EditImageTokens(height=resized.height, width=resized.width, codes=codes, ids=prompt_ids.ids(codes))
 

@@ -43,7 +43,9 @@ rounds the normalised vectors and the cross term to bf16 as the autocast run doe
 the released code produced. Measured on an H100 (random weights, width 128, 2 blocks, the released 16384 x 8
 codebook, a 448 x 308 image pair, 1408 codes): this module in bf16 without autocast gives ``quant_conv`` outputs
 bit-identical to the released op sequence under bf16 autocast; ``released_bf16_distances=True`` then gives the
-released codes exactly, and the float32 default differs from them on 6.4% of the codes.
+released codes exactly, and the float32 default differs from them on 6.4% of the codes. So ar_service tokenises an
+edit's input with the released rounding whenever MammothTok runs in bf16 (on a GPU, by default:
+``edit_image.tokenize_edit_image``), and in float32 throughout when it runs in float32 (a CPU).
 """
 
 from __future__ import annotations

@@ -186,6 +186,21 @@ def test_bf16_weights_run_in_bf16_and_mostly_agree_with_float32():
     assert (codes == full).float().mean() > 0.9  # rounding moves a few near-ties, not the grid
 
 
+def test_a_bf16_tokenizer_gives_the_released_bf16_codes_and_a_float32_one_the_exact_nearest():
+    """An edit's input is tokenised as the released bf16-autocast run rounds its distances when MammothTok is bf16 (the
+    codes the Dev AR learnt from), and with float32 distances when it is float32."""
+    ids = ImagePromptIds.from_tokenizer(build_tokenizer(), tiny_t2i())
+    generator = torch.Generator().manual_seed(11)
+    image = Image.fromarray((torch.rand(140, 140, 3, generator=generator) * 255).to(torch.uint8).numpy())
+    for model in (_tiny(), _tiny().to(torch.bfloat16)):
+        pixels = pixels_from_image(resize_for_mammothtok(image)).to(model.quant_conv.weight.dtype)
+        released = model.encode(pixels, released_bf16_distances=True)[0]
+        exact = model.encode(pixels, released_bf16_distances=False)[0]
+        assert not torch.equal(released, exact)  # this picture has near-ties, so the choice shows
+        expected = released if model.quant_conv.weight.dtype == torch.bfloat16 else exact
+        assert torch.equal(tokenize_edit_image(image, model, ids).codes, expected)
+
+
 def test_encode_refuses_sizes_that_are_not_patch_multiples():
     model = _tiny()
     with pytest.raises(ValueError, match="multiple of the 14-pixel patch"):
