@@ -13,9 +13,9 @@ from protos.formats import FORMATS
 # PNG's size (Pillow's own defaults are 75 and 80).
 DEFAULT_QUALITY = 90
 # zlib level of an answered PNG (dit_service's png_compress_level setting), fixed so PNG bytes never depend on
-# Pillow's defaults. The fastest level: on the H100 host a smooth 1024x1024 picture took 178 ms at level 1 and 555 ms
-# at level 6, for a file 17% larger (1,768 KiB against 1,510; bench/results/h100/png_levels.json); the encode sits
-# on every image's critical path, the bytes only on the wire.
+# Pillow's defaults. The fastest level: on the H100 host a smooth 1024x1024 picture took 176 ms at level 1 and 557 ms
+# at level 6, for a file 17% larger (1,769 KiB against 1,510; bench/results/h100/png/png_levels.json); the encode
+# sits on every image's critical path, the bytes only on the wire.
 PNG_COMPRESS_LEVEL = 1
 # Partial images are looked at once and replaced: zlib's fastest level whatever the setting (a 1024x1024 preview at
 # level 6 took 277 ms on the H200 host, 7% of the render it previews; bench/results/h200/preview_cost.json).
