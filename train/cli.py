@@ -52,16 +52,23 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def run(args: argparse.Namespace, names: list[str]) -> dict:
-    started = time.monotonic()
+def start(args: argparse.Namespace, scales: dict):
+    """(device, scale) of a training command: TF32 matmuls on CUDA, every generator seeded, the scale chosen with
+    ``--dit-batch`` over its DiT batch."""
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     seed_everything(args.seed)
-    scale = stages.SCALES[args.scale]
+    scale = scales[args.scale]
     if args.dit_batch:
         scale = dataclasses.replace(scale, dit_batch=args.dit_batch)
+    return device, scale
+
+
+def run(args: argparse.Namespace, names: list[str]) -> dict:
+    started = time.monotonic()
+    device, scale = start(args, stages.SCALES)
     continued = (args.out / CONFIG_FILE).is_file()
     if continued:
         ar, dit, vae = checkpoint.load(args.out, device, args.seed)

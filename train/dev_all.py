@@ -11,15 +11,13 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # as train.cli: no torch.compile while training
 
 import torch  # noqa: E402
 
-from train import dev_architecture, dev_stages, report, selfcheck  # noqa: E402
-from train.cli import seed_everything  # noqa: E402
+from train import cli, dev_architecture, dev_stages, report, selfcheck  # noqa: E402
 
 DEFAULT_WARM_START = Path(__file__).parent / "checkpoints" / "shapes"
 #: Seconds of training per stage: about 10 minutes of one H100 in all, with data, conditions and the checks.
@@ -48,14 +46,7 @@ def parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> dict:
     started = time.monotonic()
-    device = torch.device(args.device)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    seed_everything(args.seed)
-    scale = dev_stages.SCALES[args.scale]
-    if args.dit_batch:
-        scale = replace(scale, dit_batch=args.dit_batch)
+    device, scale = cli.start(args, dev_stages.SCALES)
     warm: dict | None = None
     if args.resume:
         ar, dit, vae, tok = dev_architecture.load(args.resume, device, args.seed)

@@ -47,10 +47,10 @@ from train.stages import (
     fit_ar,
     grid,
     image_tensor,
+    noised,
     pack_tokens,
     run_loop,
     scene_grid_ids,
-    shifted_times,
     training_scenes,
 )
 from train.visual_tokens import coverage_codes
@@ -372,10 +372,7 @@ def train_dit(pipeline, ar, prompts: Prompts, scale: DevScale, seed: int, device
         bucket = buckets[kind][int(torch.multinomial(weights[kind], 1, generator=generator))]
         idx = bucket[torch.randint(0, len(bucket), (b,), device=device, generator=generator)]
         x1 = latents[target_of[idx]]
-        x0 = torch.randn(x1.shape, device=device, generator=generator)
-        u = torch.rand(b, device=device, generator=generator)
-        t = torch.where(torch.rand(b, device=device, generator=generator) < 0.7, shifted_times(u, hw), u)
-        xt = t[:, None, None, None] * x1 + (1 - t[:, None, None, None]) * x0
+        x0, t, xt = noised(x1, hw, generator)
         branch = torch.rand((), generator=generator, device=device)
         if branch < uncond_prob or (kind and branch < uncond_prob + ref_prob):
             context = x1.new_zeros(b, 0, dit.hidden_size)

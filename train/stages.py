@@ -284,6 +284,16 @@ def shifted_times(u: torch.Tensor, latent_hw: tuple[int, int]) -> torch.Tensor:
     return u / (m - m * u + u)
 
 
+def noised(x1: torch.Tensor, latent_hw: tuple[int, int], generator: torch.Generator):
+    """(noise x0, times t, x_t = t x1 + (1 - t) x0) for a batch of clean latents ``x1``: the times drawn with the
+    sampler's resolution shift 70% of the time, uniformly otherwise. The flow-matching target is ``x1 - x0``."""
+    b = x1.shape[0]
+    x0 = torch.randn(x1.shape, device=x1.device, generator=generator)
+    u = torch.rand(b, device=x1.device, generator=generator)
+    t = torch.where(torch.rand(b, device=x1.device, generator=generator) < 0.7, shifted_times(u, latent_hw), u)
+    return x0, t, t[:, None, None, None] * x1 + (1 - t[:, None, None, None]) * x0
+
+
 def shape_loss_weights(scenes: list[Scene], latent_hw: tuple[int, int], shape_weight: float, device) -> torch.Tensor:
     """[N, 1, h, w] per-latent loss weights: 1 + ``shape_weight`` where a latent's pixels touch the shape.
 
@@ -336,10 +346,7 @@ def train_dit(pipeline, ar: MammothModa2AR, scale: Scale, seed: int, device, bud
         bucket = buckets[int(torch.multinomial(weights, 1, generator=generator))]
         idx = bucket[torch.randint(0, len(bucket), (b,), device=device, generator=generator)]
         x1 = latents[scene_of[idx]]
-        x0 = torch.randn(x1.shape, device=device, generator=generator)
-        u = torch.rand(b, device=device, generator=generator)
-        t = torch.where(torch.rand(b, device=device, generator=generator) < 0.7, shifted_times(u, hw), u)
-        xt = t[:, None, None, None] * x1 + (1 - t[:, None, None, None]) * x0
+        x0, t, xt = noised(x1, hw, generator)
         n = int(lengths[idx[0]])
         # A whole batch without condition now and then: what guidance's unconditional branch sends.
         cond = empty if torch.rand((), generator=generator, device=device) < uncond_prob else packed[idx, :n]

@@ -111,3 +111,12 @@ def running_stack(model_dir: Path, logs: Path, dit_model_dir: Path | None = None
 def stack(tiny_model: Path, tmp_path_factory) -> Iterator[Stack]:
     with running_stack(tiny_model, tmp_path_factory.mktemp("logs")) as running:
         yield running
+
+
+def require_checkpoint(root: Path, writer: str) -> None:
+    """A committed checkpoint a test module needs (call at module level): missing, it fails the run under CI=true and
+    skips the module elsewhere, saying which command writes one."""
+    if not (root / "config.json").is_file():
+        if os.environ.get("CI") == "true":
+            raise RuntimeError(f"the checkpoint a test needs is missing from {root}")
+        pytest.skip(f"no checkpoint in {root} ({writer} writes one)", allow_module_level=True)

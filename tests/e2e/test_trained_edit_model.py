@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import io
-import os
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,8 @@ import pytest
 from openai import OpenAI
 from PIL import Image
 
-from tests.e2e.conftest import running_stack
+from tests.e2e.conftest import require_checkpoint, running_stack
+from tests.e2e.test_trained_model import PLACEMENT
 from train.detect import detect
 from train.edits import KIND_ATTRIBUTE, held_out_edit_examples
 from train.shapes import render
@@ -26,12 +26,8 @@ from train.shapes import render
 TRAINED = Path(__file__).resolve().parents[2] / "train" / "checkpoints" / "shapes-dev"
 EDITS = 8  # two of each kind
 STEPS = 20  # keeps the test short
-PLACEMENT = ("background", "colour", "position")
 
-if not (TRAINED / "config.json").is_file():
-    if os.environ.get("CI") == "true":
-        raise RuntimeError(f"the trained Dev shapes model is missing from {TRAINED}")
-    pytest.skip(f"no trained Dev shapes model in {TRAINED} (python -m train.dev_all writes one)", allow_module_level=True)
+require_checkpoint(TRAINED, "python -m train.dev_all")
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ captions through make up). The outline is not: about one image in ten still has 
 
 from __future__ import annotations
 
-import os
 import queue
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from ar_service.model.loading import load_ar
 from ar_service.render_client import GrpcRenderer, RenderHeader
 from ar_service.sampling import SamplingParams
 from protos.knobs import MAMMOTHMODA2_KNOBS
-from tests.e2e.conftest import running_stack
+from tests.e2e.conftest import require_checkpoint, running_stack
 from train.architecture import SERVING
 from train.detect import detect
 from train.evaluate import generate, held_out_examples
@@ -42,10 +41,7 @@ GUIDANCE = SERVING.knob_defaults["text_guidance_scale"]  # this model's best gui
 KNOBS = {"num_inference_steps": STEPS, "text_guidance_scale": GUIDANCE}
 PLACEMENT = ("background", "colour", "position")
 
-if not (TRAINED / "config.json").is_file():
-    if os.environ.get("CI") == "true":
-        raise RuntimeError(f"the trained shapes model is missing from {TRAINED}")
-    pytest.skip(f"no trained shapes model in {TRAINED} (python -m train.all writes one)", allow_module_level=True)
+require_checkpoint(TRAINED, "python -m train.all")
 
 
 @pytest.fixture(scope="module")
