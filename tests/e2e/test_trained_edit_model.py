@@ -75,3 +75,25 @@ def test_the_instruction_decides_the_new_colour(edit_stack):
     others = [c for c in ("red", "blue", "yellow", "green") if c not in (source.colour, source.background)][:2]
     found = [detect(edited(client, picture, f"make the {source.shape} {colour}", 0)).colour for colour in others]
     assert found == others
+
+
+def test_open_webui_edit_request_shape(edit_stack):
+    """Open WebUI's "openai" image-edit engine, reproduced with httpx: at its defaults (IMAGE_EDIT_MODEL and
+    IMAGE_EDIT_SIZE empty) ``backend/open_webui/routers/images.py`` ``image_edits`` posts multipart fields ``model``
+    (empty), ``prompt`` and ``response_format`` b64_json, the picture as ``image`` named ``<uuid>.png``, and a bearer
+    key; it reads ``data[i].b64_json``. The empty model is the served one, the size the input's."""
+    import httpx
+
+    source = next(c for c in held_out_edit_examples(40, seed=3) if c.edit.kind == "background").edit.source
+    colour = next(c for c in ("yellow", "white", "blue") if c not in (source.colour, source.background))
+    response = httpx.post(
+        f"{edit_stack.gateway_url}/v1/images/edits",
+        data={"model": "", "prompt": f"paint the background {colour}", "response_format": "b64_json"},
+        files=[("image", ("0b6f3c8e-5a7d-4e51-9a53-2f1d7c0e9a11.png", png(render(source)), "image/png"))],
+        headers={"Authorization": "Bearer sk-unused"}, timeout=300,
+    )
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    image = np.asarray(Image.open(io.BytesIO(base64.b64decode(answer["data"][0]["b64_json"]))).convert("RGB"))
+    assert image.shape == (128, 128, 3)
+    assert detect(image).background == colour
