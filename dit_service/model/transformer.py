@@ -573,6 +573,15 @@ class MammothDiT(nn.Module):
         if no_refs and all(n == cond_rows for n in lengths) and img_rows == n_img and total == cond_rows + n_img:
             x = torch.cat([cond, img], dim=1)
             cos, sin = torch.cat([cap_cos, img_cos], dim=1), torch.cat([cap_sin, img_sin], dim=1)
+        elif len(set(lengths)) == 1 and len(set(ref_lengths)) == 1:
+            # One layout for every sample (a CFG branch's rows, a training bucket): the sequence is one concatenation
+            # instead of a copy per sample; the same values as below.
+            n, pad = lengths[0], (0, 0, 0, total - seq_lengths[0])
+            refs_of = [part[:3] for part in ref_parts if part is not None]  # all samples' or none
+            ref_x, ref_cos, ref_sin = ([torch.stack(t)] for t in zip(*refs_of, strict=True)) if refs_of else ([], [], [])
+            x = F.pad(torch.cat([cond[:, :n], *ref_x, img[:, :n_img]], dim=1), pad)
+            cos = F.pad(torch.cat([cap_cos[:, :n], *ref_cos, img_cos], dim=1), pad)
+            sin = F.pad(torch.cat([cap_sin[:, :n], *ref_sin, img_sin], dim=1), pad)
         else:
             x = img.new_zeros(b, total, self.hidden_size)
             cos = img_cos.new_zeros(b, total, img_cos.shape[-1])
