@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import hashlib
 import io
 import json
@@ -97,8 +98,12 @@ def evaluate(url: str, count: int, seed: int = 0, knobs: dict | None = None, con
         found = detect(answer.image)
         rows.append({"caption": case.caption, "seed": seed + i, "expected": case.scene, "found": found,
                      "digest": answer.digest, "timings": answer.timings, **found.scores(case.scene)})
-    rates = {a: sum(r[a] for r in rows) / max(len(rows), 1) for a in ATTRIBUTES}
-    return rates, rows
+    return attribute_rates(rows), rows
+
+
+def attribute_rates(rows: list[dict]) -> dict[str, float]:
+    """How often each attribute, and all four, read as asked (a caption's scene, an edit's target)."""
+    return {a: sum(r[a] for r in rows) / max(len(rows), 1) for a in ATTRIBUTES}
 
 
 def evaluate_edits(url: str, count: int, seed: int = 0, knobs: dict | None = None, concurrency: int = 2,
@@ -112,7 +117,8 @@ def evaluate_edits(url: str, count: int, seed: int = 0, knobs: dict | None = Non
         found = detect(answer.image)
         rows.append({"caption": case.instruction, "kind": case.edit.kind, "seed": seed + i, "source": case.edit.source,
                      "expected": case.edit.target, "found": found, "size": f"{answer.image.shape[1]}x{answer.image.shape[0]}",
-                     "digest": answer.digest, "timings": answer.timings, **edit_scores(found, case.edit)})
+                     "digest": answer.digest, "timings": answer.timings, **found.scores(case.edit.target),
+                     **edit_scores(found, case.edit)})
     groups = {kind: [r for r in rows if r["kind"] == kind] for kind in EDIT_KINDS} | {"overall": rows}
     rates = {group: {"count": len(members), **{s: sum(r[s] for r in members) / max(len(members), 1)
                                                for s in EDIT_SCORES}}
@@ -147,7 +153,8 @@ def report(rates: dict, rows: list[dict], knobs: dict) -> dict:
     that served the same files have the same digests)."""
     return {"knobs": knobs, "count": len(rows), "rates": rates, "speed": decode_speed(rows),
             "images": [{"seed": r["seed"], "caption": r["caption"], "digest": r["digest"], "all": r["all"],
-                        **{k: r[k] for k in ("kind", "size") if k in r}} for r in rows]}
+                        "found": dataclasses.asdict(r["found"]), **{k: r[k] for k in ("kind", "size") if k in r}}
+                       for r in rows]}
 
 
 def table(rates: dict, count: int) -> str:
@@ -223,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     if args.edits:
         rates, rows = evaluate_edits(args.url, args.n, args.seed, knobs, args.concurrency)
-        sections = [edit_table(rates), speed_line(decode_speed(rows))]
+        sections = [edit_table(rates), table(attribute_rates(rows), args.n), speed_line(decode_speed(rows)),
+                    outline_table(rows)]
     else:
         rates, rows = evaluate(args.url, args.n, args.seed, knobs, args.concurrency)
         sections = [table(rates, args.n), speed_line(decode_speed(rows)), outline_table(rows)]

@@ -40,8 +40,12 @@ def test_the_edits_evaluator_reports_every_kind_through_the_edits_route(dev_stac
     assert [(i["kind"], i["caption"], i["seed"]) for i in report["images"]] == [
         (x.edit.kind, x.instruction, s) for s, x in enumerate(asked)]
     assert all(i["size"] == "128x128" and len(i["digest"]) == 64 for i in report["images"])
+    assert all(set(i["found"]) == {"background", "shape", "colour", "position"} for i in report["images"])
 
     printed = capsys.readouterr().out
     assert "4 held-out edits through" in printed
-    table = [line for line in printed.splitlines() if line.startswith("| ")]
-    assert [line.split("|")[1].strip() for line in table[2:]] == [*EDIT_KINDS, "overall"]
+    tables = printed.split("\n\n")  # the edit kinds, then each attribute read as the target's, then the outlines
+    kinds = [line.split("|")[1].strip() for line in tables[1].splitlines()[2:]]
+    assert kinds == [*EDIT_KINDS, "overall"]
+    attributes = [line.split("|")[1].strip() for line in tables[2].splitlines()[2:]]
+    assert attributes == ["background", "shape", "colour", "position", "all four (fully correct)"]
