@@ -479,13 +479,17 @@ def test_bad_references_are_invalid_arguments(channel, case, param, words):
     assert blamed == param and words in details, details
 
 
+def one_reference_plan(engine: DiTEngine, hidden_size: int = LLM):
+    """A Render header's plan for an edit with one reference image, its size left to the reference."""
+    return engine.plan(request_id="r", width=0, height=0, n=1, seed=1, output_format="png", output_compression=None,
+                       knobs={}, hidden_size=hidden_size, dtype="float32", text_positions=5, image_positions=9,
+                       negative_positions=4, reference_images=1)
+
+
 def test_a_reference_over_the_byte_limit_is_refused(dev_pipeline):
     engine = DiTEngine(dev_pipeline, KNOBS, max_condition_positions=4096, max_reference_bytes=1000)
     try:
-        plan = engine.plan(request_id="r", width=0, height=0, n=1, seed=1, output_format="png", output_compression=None,
-                           knobs={}, hidden_size=LLM, dtype="float32", text_positions=5, image_positions=9,
-                           negative_positions=4, reference_images=1)
-        assembler = engine.assembler(plan)
+        assembler = engine.assembler(one_reference_plan(engine))
         assembler.add_reference_piece(0, b"x" * 600, False)
         with pytest.raises(RequestRejected, match="over the 1000-byte limit") as caught:
             assembler.add_reference_piece(0, b"x" * 600, True)
@@ -497,10 +501,7 @@ def test_a_reference_over_the_byte_limit_is_refused(dev_pipeline):
 def test_a_reference_larger_than_the_service_allows_is_refused(dev_pipeline):
     engine = DiTEngine(dev_pipeline, KNOBS, max_condition_positions=4096, max_side=32)
     try:
-        plan = engine.plan(request_id="r", width=0, height=0, n=1, seed=1, output_format="png", output_compression=None,
-                           knobs={}, hidden_size=LLM, dtype="float32", text_positions=5, image_positions=9,
-                           negative_positions=4, reference_images=1)
-        assembler = engine.assembler(plan)
+        assembler = engine.assembler(one_reference_plan(engine))
         assembler.add_reference_piece(0, REFERENCE, True)
         with pytest.raises(RequestRejected, match="width must be at most 32") as caught:
             assembler.complete_references()
@@ -513,9 +514,7 @@ def test_a_preview_dit_refuses_references(pipeline):
     engine = DiTEngine(pipeline, KNOBS, max_condition_positions=4096)
     try:
         with pytest.raises(RequestRejected, match="takes no reference images") as caught:
-            engine.plan(request_id="r", width=0, height=0, n=1, seed=1, output_format="png", output_compression=None,
-                        knobs={}, hidden_size=64, dtype="float32", text_positions=5, image_positions=9,
-                        negative_positions=4, reference_images=1)
+            one_reference_plan(engine, hidden_size=64)
         assert caught.value.param == "reference_images"
     finally:
         engine.close()
