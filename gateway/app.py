@@ -316,9 +316,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         responses=schemas.GENERATION_RESPONSES,
     )
     async def generate_images(request: Request) -> Response:
-        started = time.perf_counter()
-        request_id = translate.new_request_id()
-        request.state.request_id = request_id
+        started, request_id = _start(request)
         parsed = _accept(request, ImageGenerationRequest, parse_json_object(await request.body()))
         message = translate.to_proto(parsed, request_id, settings.model_aliases)
         if parsed.stream:
@@ -333,9 +331,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         responses=schemas.GENERATION_RESPONSES,
     )
     async def edit_images(request: Request) -> Response:
-        started = time.perf_counter()
-        request_id = translate.new_request_id()
-        request.state.request_id = request_id
+        started, request_id = _start(request)
         form = edits.read_form(await request.body(), request.headers.get("content-type", ""), edit_limits)
         parsed = _accept(request, edits.ImageEditRequest, form.fields)
         for index, image in enumerate(form.images):
@@ -346,6 +342,11 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         if parsed.stream:
             return await streaming.open_stream(request, parsed, message, call, streaming.EDIT_EVENTS)
         return await _answer(request, parsed, call, started)
+
+    def _start(request: Request) -> tuple[float, str]:
+        """When an image request arrived and the id it gets (kept for the access log and the error answers)."""
+        request.state.request_id = translate.new_request_id()
+        return time.perf_counter(), request.state.request_id
 
     def _accept(request: Request, model: type[RequestModel], fields: dict[str, Any]) -> RequestModel:
         """The request's fields validated by its model (a 400 naming what is wrong), what the access log and the
