@@ -229,31 +229,33 @@ def test_the_reference_forward_is_the_released_one(dev_pipeline, branch_contexts
     assert not torch.allclose(got, without, atol=1e-3)
 
 
+def padded_rows(contexts: list[torch.Tensor], seed: int, times: list[float]):
+    """Inputs of a batched forward: a reference latent, latents and times per row, the contexts padded to the
+    longest, and their lengths."""
+    g = torch.Generator().manual_seed(seed)
+    refs = [torch.randn(16, 6, 8, generator=g)]
+    x = torch.randn(len(contexts), 16, 6, 6, generator=g)
+    batch = torch.zeros(len(contexts), max(c.shape[0] for c in contexts), contexts[0].shape[1])
+    for i, context in enumerate(contexts):
+        batch[i, : context.shape[0]] = context
+    return refs, x, torch.tensor(times), batch, [c.shape[0] for c in contexts]
+
+
 def test_rows_of_one_layout_equal_the_same_rows_among_other_layouts(dev_pipeline, branch_contexts):
     """Two edit rows with the same context length and references (one concatenation builds their sequence) give the
     same velocities as beside a row of another layout (each sequence then built on its own)."""
-    dit = dev_pipeline.transformer
-    g = torch.Generator().manual_seed(7)
-    refs = [torch.randn(16, 6, 8, generator=g)]
     cond, uncond = branch_contexts
-    x, t = torch.randn(3, 16, 6, 6, generator=g), torch.tensor([0.3, 0.6, 0.8])
-    mixed = torch.zeros(3, cond.shape[0], cond.shape[1])
-    mixed[0], mixed[1], mixed[2, : uncond.shape[0]] = cond, cond, uncond
+    refs, x, t, batch, lengths = padded_rows([cond, cond, uncond], 7, [0.3, 0.6, 0.8])
     with torch.no_grad():
-        same = dit(x[:2], t[:2], mixed[:2], [cond.shape[0]] * 2, references=[refs, refs])
-        among = dit(x, t, mixed, [cond.shape[0], cond.shape[0], uncond.shape[0]], references=[refs, refs, None])
+        same = dev_pipeline.transformer(x[:2], t[:2], batch[:2], lengths[:2], references=[refs, refs])
+        among = dev_pipeline.transformer(x, t, batch, lengths, references=[refs, refs, None])
     assert torch.equal(same, among[:2])
 
 
 def test_a_row_with_references_is_the_same_alone_and_beside_others(dev_pipeline, branch_contexts):
     dit = dev_pipeline.transformer
-    g = torch.Generator().manual_seed(6)
-    refs = [torch.randn(16, 6, 8, generator=g)]
     cond, uncond = branch_contexts
-    x, t = torch.randn(3, 16, 6, 6, generator=g), torch.tensor([0.2, 0.5, 0.9])
-    batch = torch.zeros(3, cond.shape[0], cond.shape[1])
-    batch[0], batch[1, : uncond.shape[0]], batch[2, : uncond.shape[0]] = cond, uncond, uncond
-    lengths = [cond.shape[0], uncond.shape[0], uncond.shape[0]]
+    refs, x, t, batch, lengths = padded_rows([cond, uncond, uncond], 6, [0.2, 0.5, 0.9])
     with torch.no_grad():
         together = dit(x, t, batch, lengths, references=[refs, refs, None])
         for i, r in enumerate([refs, refs, None]):
