@@ -352,32 +352,37 @@ def train_dit(pipeline, ar, prompts: Prompts, scale: DevScale, seed: int, device
     is_edit = source_of >= 0
     buckets = {kind: [torch.nonzero((text_lengths == n) & (is_edit == kind)).flatten()
                       for n in torch.unique(text_lengths[is_edit == kind])] for kind in (False, True)}
-    weights = {k: torch.tensor([len(b) for b in v], dtype=torch.float, device=device) for k, v in buckets.items()}
+    bucket_lengths = {k: [int(text_lengths[b[0]]) for b in v] for k, v in buckets.items()}
+    weights = {k: torch.tensor([len(b) for b in v], dtype=torch.float) for k, v in buckets.items()}
     log = StageLog("dit", data={"captions": len(captions), "edits": int(is_edit.sum()), "images": len(scenes),
                                 "sources": len(sources), "batch": scale.dit_batch, "lr": lr, "edit_share": edit_share,
                                 "uncond_prob": uncond_prob, "ref_prob": ref_prob,
                                 "text_rows_max": int(text_lengths.max()), "image_rows": image.shape[1]})
     generator = torch.Generator(device=device).manual_seed(seed)
+    # What a step computes (batch kind, text-length bucket, guidance branch) is drawn on the host, so choosing it
+    # never waits for the device to finish the step before.
+    control = torch.Generator().manual_seed(seed)
     hw = tuple(latents.shape[2:])
     dit.train().requires_grad_(True)
     dit.pack_samples = False  # every batch has one condition length: no padding
     ema = EMA(dit, decay=0.999 if scale.dit_steps > 1000 else 0.0)
 
-    def draw(p: float) -> bool:
-        return bool(torch.rand((), generator=generator, device=device) < p)
+    def uniform() -> float:
+        return float(torch.rand((), generator=control))
 
     def step_fn(step: int) -> torch.Tensor:
         b = scale.dit_batch
-        kind = bool(weights[True].numel()) and (not weights[False].numel() or draw(edit_share))
-        bucket = buckets[kind][int(torch.multinomial(weights[kind], 1, generator=generator))]
+        kind = bool(weights[True].numel()) and (not weights[False].numel() or uniform() < edit_share)
+        j = int(torch.multinomial(weights[kind], 1, generator=control))
+        bucket = buckets[kind][j]
         idx = bucket[torch.randint(0, len(bucket), (b,), device=device, generator=generator)]
         x1 = latents[target_of[idx]]
         x0, t, xt = noised(x1, hw, generator)
-        branch = torch.rand((), generator=generator, device=device)
+        branch = uniform()
         if branch < uncond_prob or (kind and branch < uncond_prob + ref_prob):
             context = x1.new_zeros(b, 0, dit.hidden_size)
         else:
-            context = batched_context(dit, text[idx, : int(text_lengths[idx[0]])], image[idx])
+            context = batched_context(dit, text[idx, : bucket_lengths[kind][j]], image[idx])
         if not kind or branch < uncond_prob:
             pred = dit(xt, t, context)
         else:

@@ -115,11 +115,14 @@ class EMA:
     def __init__(self, module: torch.nn.Module, decay: float) -> None:
         self.module, self.decay = module, decay
         self.shadow = {n: p.detach().clone() for n, p in module.named_parameters()}
+        self._pairs = ([self.shadow[n] for n, _ in module.named_parameters()],
+                       [p for _, p in module.named_parameters()])
 
     @torch.no_grad()
     def update(self) -> None:
-        for n, p in self.module.named_parameters():
-            self.shadow[n].lerp_(p.detach(), 1 - self.decay)
+        """One multi-tensor lerp over every parameter (a few kernels, not one per tensor)."""
+        shadows, params = self._pairs
+        torch._foreach_lerp_(shadows, [p.detach() for p in params], 1 - self.decay)
 
     @torch.no_grad()
     def copy_to_module(self) -> None:

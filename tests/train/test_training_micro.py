@@ -18,7 +18,7 @@ from servicekit.checkpoint import open_checkpoint
 from train import architecture, report
 from train.cli import parser, run
 from train.shapes import Scene, shape_mask
-from train.stages import grid, shape_loss_weights
+from train.stages import EMA, grid, shape_loss_weights
 
 
 def test_micro_training_writes_a_checkpoint_the_services_load(tmp_path):
@@ -81,3 +81,19 @@ def test_loss_curves_join_continued_runs_and_mark_the_weighted_loss(tmp_path):
     report.plot(log, tmp_path / "curves.png")
     pixels = set(map(tuple, np.asarray(Image.open(tmp_path / "curves.png").convert("RGB")).reshape(-1, 3).tolist()))
     assert report.WEIGHTED_LOSS in pixels and report.UNIFORM_LOSS in pixels
+
+
+def test_ema_keeps_the_decayed_average_the_dit_stage_saves():
+    """Two updates with decay 0.9: each shadow moves a tenth of the way to its parameter; copy_to_module writes it."""
+    layer = torch.nn.Linear(3, 2)
+    start = {n: p.detach().clone() for n, p in layer.named_parameters()}
+    ema = EMA(layer, decay=0.9)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(1.0)
+    ema.update()
+    ema.update()
+    ema.copy_to_module()
+    for n, p in layer.named_parameters():
+        # shadow after two updates toward start + 1: start + (1 - 0.9 ** 2)
+        torch.testing.assert_close(p.detach(), start[n] + 0.19)
