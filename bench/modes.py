@@ -56,6 +56,7 @@ from ar_service.prompt import Grid
 from bench.harness import machine_info, request_body
 from bench.inprocess import parse_points
 from bench.markdown import fmt, table, verdict
+from bench.saturation_report import littles_law
 from bench.services import ServiceStack, make_model_dir
 
 RESULT_NAME = "modes.json"
@@ -388,13 +389,17 @@ def render(report: dict, saturation: list[dict] | None = None) -> str:
     lines += table(["target", "measured", "verdict"], targets(rows, saturation or []))
     if saturation:
         lines += ["", "## Saturation (bench.saturation, closed loops)", ""]
-        lines += table(["run", "size/steps", "clients", "knobs", "images/s", "p50 s", "p95 s", "AR forwards / image",
-                        "window s"],
+        lines += table(["run", "size/steps", "clients", "knobs", "images/s", "clients / mean latency", "p50 s", "p95 s",
+                        "AR forwards / image", "window s"],
                        [[run.get("label") or run.get("precision"), f"{p['size']}/{p['steps']}", p["clients"],
-                         _knob_text(p.get("knobs")), p.get("throughput_images_per_s"),
+                         _knob_text(p.get("knobs")), p.get("throughput_images_per_s"), littles_law(p),
                          (p.get("latency_s") or {}).get("p50"), (p.get("latency_s") or {}).get("p95"),
                          (p.get("stages_ms") or {}).get("ar_forwards"), p.get("window_s")]
                         for run in saturation for p in run.get("points", [])])
+        lines += ["", "images/s counts the requests that ended inside the window; with clients that move in step and a "
+                      "window of one or two latencies that count depends on where the window falls. \"clients / mean "
+                      "latency\" is Little's law for the closed loop, which has no such step (`bench.saturation_report`). "
+                      "The targets read images/s."]
     return "\n".join(lines) + "\n"
 
 

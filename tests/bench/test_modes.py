@@ -58,9 +58,12 @@ def test_the_page_marks_each_target():
     c1 = [answer(modes.SEQUENTIAL, 1024, 0, 1, {}, ["s"], 1056, latency=9.2, steps=50),
           answer(modes.FASTEST, 1024, 0, 1, ROWS, ["t"], 156, latency=3.4, steps=50)]
     saturation = [{"precision": "bf16", "points": [{"size": 512, "steps": 20, "clients": 16, "knobs": {},
-                                                    "throughput_images_per_s": 1.1, "latency_s": {"p50": 14.0}}]}]
+                                                    "throughput_images_per_s": 1.1,
+                                                    "latency_s": {"p50": 14.0, "mean": 12.8}}]}]
     page = modes.render({"c1": c1, "machine": {"gpu": "NVIDIA H100 80GB HBM3"}}, saturation)
     assert "NVIDIA H100 80GB HBM3" in page
+    saturation_row = next(line for line in page.splitlines() if line.startswith("| bf16 | 512/20 | 16 |"))
+    assert "| 1.100 | 1.250 |" in saturation_row  # the window's count, then 16 clients over a 12.8 s mean latency
     verdicts = {row[0]: row[2] for row in modes.targets(modes.summarize(c1), saturation)}
     assert verdicts["1024x1024/50, one request, sequential <= 9.5 s"] == "pass"
     assert verdicts[f"1024x1024/50, one request, {modes.FASTEST} <= 3.0 s"] == "FAIL"
