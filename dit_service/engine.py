@@ -4,7 +4,8 @@ Sits between the gRPC transport (server.py) and the model (model/): no grpc here
 transport. One worker thread owns the GPU/CPU. Renders are admitted into a bounded FIFO queue (a full queue
 refuses at once: ``QueueFull``, RESOURCE_EXHAUSTED on the wire); their images join a running batch of at most
 ``max_batch_size`` images of the same size between denoise steps, each at its own step, timestep, guidance and
-step count, and leave it when done (VAE decode + encode) or cancelled (client gone, deadline passed). Every
+step count, and leave it when done (after the VAE decode; the image is encoded and sent by an encoder thread
+beside the worker) or cancelled (client gone, deadline passed). Every
 step is one transformer call for the whole batch with both CFG branches packed. On CPU an image comes out bit
 for bit the same whatever it was batched with (the transformer keeps each row's arithmetic independent of its
 batch-mates; tests/dit_service/test_batching.py); ``deterministic=True`` runs each image in a call of its
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import queue
 import threading
 import time
@@ -55,6 +57,10 @@ from servicekit.image_events import FinishedImage, PreviewImage, Progress
 from servicekit.profiling import BusyProfiler, stage
 
 log = logging.getLogger(__name__)
+
+#: Threads that encode finished images beside the worker: at least two, so one slow image does not hold up the
+#: next; at most four or half the cores, to leave the worker and gRPC their CPU.
+IMAGE_ENCODERS = max(2, min(4, (os.cpu_count() or 2) // 2))
 
 
 
@@ -213,9 +219,11 @@ class DiTEngine:
         self._step_ewma_s = 0.5
         self.counters = dict(admitted=0, rejected=0, cancelled=0, completed=0, largest_batch=0, batched_steps=0,
                              windows=0)
-        # Partial images are encoded here, beside the worker: a PNG encode at 1024x1024 takes longer than a denoise
-        # step, and the next step need not wait for it (Pillow releases the GIL while it compresses).
+        # Images are encoded beside the worker: a PNG encode at 1024x1024 takes longer than a denoise step, and the
+        # batch's next step need not wait for it (Pillow releases the GIL while it compresses). Partial images go
+        # through one thread, in order; finished images through IMAGE_ENCODERS.
         self._preview_encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dit-preview")
+        self._image_encoder = ThreadPoolExecutor(max_workers=IMAGE_ENCODERS, thread_name_prefix="dit-encode")
         self._worker = threading.Thread(target=self._work, name="dit-worker", daemon=True)
         self._worker.start()
 
@@ -565,6 +573,8 @@ class DiTEngine:
         running.previews.append(self._preview_encoder.submit(encode_and_send))
 
     def _finish(self, running: _Running) -> None:
+        """The image's VAE decode, on the worker (the GPU's work); its encode and delivery go to an encoder thread
+        (``_deliver``), so the batch's next step does not wait for them."""
         job, plan, entry = running.job, running.job.plan, running.entry
         tracing.end_span(running.span, transformer_calls=entry.rows)
         running.span = None
@@ -574,29 +584,45 @@ class DiTEngine:
             pixels = self.pipeline.decode(entry.latents)
         pixels = enlarge(pixels, plan.upscale)
         t2 = time.perf_counter()
-        with stage(self.profiler, "dit.encode"), tracing.span("dit.encode", job.trace, image_index=index, format=plan.output_format):
-            data = encode_image(pixels, plan.output_format, plan.output_compression, png_level=self.png_compress_level)
-        t3 = time.perf_counter()
-        for preview in running.previews:  # the partial images go out before the image, and count in its timings
-            preview.result()
-        timings = job.timings
-        timings["denoise_ms"] += running.denoise_s * 1e3
-        timings["vae_decode_ms"] += (t2 - t1) * 1e3
-        timings["encode_ms"] += (t3 - t2) * 1e3
-        timings["transformer_calls"] += entry.rows
-        timings["dit_steps_computed"] += entry.computed_steps
-        timings["dit_steps_skipped"] += entry.skipped_steps
+        with self._lock:
+            timings = job.timings
+            timings["denoise_ms"] += running.denoise_s * 1e3
+            timings["vae_decode_ms"] += (t2 - t1) * 1e3
+            timings["transformer_calls"] += entry.rows
+            timings["dit_steps_computed"] += entry.computed_steps
+            timings["dit_steps_skipped"] += entry.skipped_steps
         self.metrics.steps.labels(outcome="computed").inc(entry.computed_steps)
         self.metrics.steps.labels(outcome="skipped").inc(entry.skipped_steps)
         self._leave(running)
-        if job.finished:
+        if not job.finished:
+            self._image_encoder.submit(self._deliver, running, index, pixels)
+
+    def _deliver(self, running: _Running, index: int, pixels) -> None:
+        """On an encoder thread: encodes a finished image and sends it after its partial images, then the render's
+        end once all its images are out. A failed encode fails the render."""
+        job, plan = running.job, running.job.plan
+        try:
+            started = time.perf_counter()
+            with tracing.span("dit.encode", job.trace, image_index=index, format=plan.output_format):
+                data = encode_image(pixels, plan.output_format, plan.output_compression, png_level=self.png_compress_level)
+            encode_s = time.perf_counter() - started
+            for preview in running.previews:  # the partial images go out before the image, and count in its timings
+                preview.result()
+        except Exception as exc:
+            log.exception("render %s: encoding image %d failed", plan.request_id, index)
+            self._fail(job, exc)
             return
-        job.events.put(FinishedImage(index, plan.seed + running.image, plan.output_format, data, *plan.answered_size))
-        job.images_done += 1
-        if job.images_done == plan.n:
+        with self._lock:
+            if job.finished:
+                return
+            timings = job.timings
+            timings["encode_ms"] += encode_s * 1e3
+            job.events.put(FinishedImage(index, plan.seed + running.image, plan.output_format, data, *plan.answered_size))
+            job.images_done += 1
+            if job.images_done < plan.n:
+                return
             job.finished = True
             timings["total_ms"] = (time.perf_counter() - job.condition_complete_at) * 1e3
-            with self._lock:
-                self.counters["completed"] += 1
-            self.metrics.completed.inc()
-            job.events.put(RenderDone(seed=plan.seed, knobs=plan.knobs, timings=dict(timings)))
+            self.counters["completed"] += 1
+        self.metrics.completed.inc()
+        job.events.put(RenderDone(seed=plan.seed, knobs=plan.knobs, timings=dict(timings)))

@@ -1,10 +1,14 @@
-"""The DiT engine without a socket: admission bound, FIFO batching, cancellation, deterministic mode."""
+"""The DiT engine without a socket: admission bound, FIFO batching, cancellation, deterministic mode, encodes
+beside the step loop."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 import torch
 
+import dit_service.engine as engine_module
 from dit_service.engine import DiTEngine, FinishedImage, Progress, QueueFull, RenderDone, RenderFailed
 from dit_service.model.sampler import DenoiseCancelled
 from protos.knobs import FAMILIES
@@ -203,3 +207,55 @@ def test_the_png_level_setting_changes_the_file_not_the_picture(pipeline):
     assert DiTSettings().png_compress_level == 1  # the fastest encode by default
     with pytest.raises(ValueError, match="png_compress_level"):
         DiTSettings(png_compress_level=10)
+
+
+def test_a_slow_encode_does_not_hold_up_the_other_renders(pipeline, monkeypatch):
+    """Render A's PNG encode is held until B has finished: B's steps run meanwhile, because finished images are
+    encoded beside the worker, not in its step loop. Then A comes out whole."""
+    entered, release = threading.Event(), threading.Event()
+    real = engine_module.encode_image
+    calls = []
+
+    def encode(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:  # A's image
+            entered.set()
+            assert release.wait(60), "the test never released A's encode"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "encode_image", encode)
+    engine = make_engine(pipeline, max_batch_size=2)
+    try:
+        a = submit(engine, seed=1, steps=2)
+        assert entered.wait(60)
+        b_images, b_progress, _ = collect(submit(engine, seed=2, steps=4, cond_seed=1), timeout=30)
+        assert list(b_images) == [0] and b_progress[-1] == 4
+        assert not any(isinstance(e, (FinishedImage, RenderDone)) for e in list(a.events.queue))  # A still held
+        release.set()
+        a_images, _, done = collect(a)
+        assert list(a_images) == [0] and a_images[0].startswith(b"\x89PNG")
+        assert done.timings["encode_ms"] > 0
+    finally:
+        release.set()
+        engine.close()
+
+
+def test_a_failed_encode_fails_its_render_and_the_engine_goes_on(pipeline, monkeypatch):
+    real = engine_module.encode_image
+    calls = []
+
+    def encode(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("disk full while writing the PNG")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "encode_image", encode)
+    engine = make_engine(pipeline, max_batch_size=2)
+    try:
+        with pytest.raises(OSError, match="disk full"):
+            collect(submit(engine, seed=1, steps=2))
+        images, _, _ = collect(submit(engine, seed=2, steps=2))
+        assert list(images) == [0]
+    finally:
+        engine.close()
