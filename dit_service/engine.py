@@ -63,7 +63,6 @@ log = logging.getLogger(__name__)
 IMAGE_ENCODERS = max(2, min(4, (os.cpu_count() or 2) // 2))
 
 
-
 @dataclass(frozen=True)
 class RenderDone:
     seed: int
