@@ -113,21 +113,18 @@ class EMA:
     """Exponential moving average of a module's parameters (what the DiT stage saves)."""
 
     def __init__(self, module: torch.nn.Module, decay: float) -> None:
-        self.module, self.decay = module, decay
-        self.shadow = {n: p.detach().clone() for n, p in module.named_parameters()}
-        self._pairs = ([self.shadow[n] for n, _ in module.named_parameters()],
-                       [p for _, p in module.named_parameters()])
+        self.decay = decay
+        self.params = list(module.parameters())
+        self.shadow = [p.detach().clone() for p in self.params]
 
     @torch.no_grad()
     def update(self) -> None:
         """One multi-tensor lerp over every parameter (a few kernels, not one per tensor)."""
-        shadows, params = self._pairs
-        torch._foreach_lerp_(shadows, [p.detach() for p in params], 1 - self.decay)
+        torch._foreach_lerp_(self.shadow, self.params, 1 - self.decay)
 
     @torch.no_grad()
     def copy_to_module(self) -> None:
-        for n, p in self.module.named_parameters():
-            p.copy_(self.shadow[n])
+        torch._foreach_copy_(self.params, self.shadow)
 
 
 # -- data ---------------------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from tests.e2e.conftest import require_checkpoint, running_stack
 from tests.e2e.test_trained_model import PLACEMENT
 from train.detect import detect
 from train.edits import KIND_ATTRIBUTE, held_out_edit_examples
+from train.evaluate import png
 from train.shapes import render
 
 TRAINED = Path(__file__).resolve().parents[2] / "train" / "checkpoints" / "shapes-dev"
@@ -35,12 +36,6 @@ require_checkpoint(TRAINED, "python -m train.dev_all")
 def edit_stack(tmp_path_factory):
     with running_stack(TRAINED, tmp_path_factory.mktemp("trained-dev-logs")) as running:
         yield running
-
-
-def png(pixels: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 def edited(client: OpenAI, picture: bytes, instruction: str, seed: int) -> np.ndarray:
