@@ -40,8 +40,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dit-batch", type=int, help="DiT batch size (default: the scale's)")
     p.add_argument("--dit-lr", type=float, default=dev_stages.DIT_PEAK_LR, help="DiT peak learning rate")
     p.add_argument("--edit-share", type=float, default=0.5, help="share of DiT batches that are edits")
-    p.add_argument("--dit-autocast", choices=("none", "bf16"), default="none",
-                   help="bf16: the DiT's forward under bfloat16 autocast on CUDA (weights, optimizer and loss in float32)")
     p.add_argument("--eval-budget", type=float, default=90.0, help="seconds for the in-process checks (0: skip)")
     return p
 
@@ -77,8 +75,7 @@ def run(args: argparse.Namespace) -> dict:
     ar.eval()
     pipeline = dev_architecture.pipeline_for(dit, vae, device)
     logs.append(dev_stages.train_dit(pipeline, ar, prompts, scale, args.seed, device, args.budget_dit,
-                                     edit_share=args.edit_share, lr=args.dit_lr,
-                                     autocast=args.dit_autocast == "bf16"))
+                                     edit_share=args.edit_share, lr=args.dit_lr))
     save()
     print(f"checkpoint written to {args.out}", flush=True)
     record: dict = {"kind": "dev", "seed": args.seed, "scale": args.scale,

@@ -325,14 +325,12 @@ DIT_PEAK_LR = 5e-4
 
 
 def train_dit(pipeline, ar, prompts: Prompts, scale: DevScale, seed: int, device, budget_s: float,
-              edit_share: float = 0.5, uncond_prob: float = 0.1, ref_prob: float = 0.1, lr: float = DIT_PEAK_LR,
-              autocast: bool = False) -> StageLog:
+              edit_share: float = 0.5, uncond_prob: float = 0.1, ref_prob: float = 0.1, lr: float = DIT_PEAK_LR) -> StageLog:
     """Flow matching as ``train.stages.train_dit`` (same loss, times and EMA), on captions and edits. Each batch is of
     one kind and one text length (no padding anywhere) and is one guidance branch as a whole, as the pipeline calls
     them: a caption batch is conditional ([text | Q-Former(image)]) or, ``uncond_prob`` of the time, unconditional
     (the empty context); an edit batch is conditional with its references, or ``ref_prob`` of the time the reference
-    branch (empty context with references), or ``uncond_prob`` of the time unconditional (no references). ``autocast``
-    runs the forward in bfloat16 where autocast does on CUDA, for speed; the loss and the update stay float32."""
+    branch (empty context with references), or ``uncond_prob`` of the time unconditional (no references)."""
     dit, vae = pipeline.transformer, pipeline.vae
     captions = examples(training_scenes(seed), scale.dit_captions, seed + 2)
     pool = Pool.build(prompts, captions, training_edits(seed, scale.dit_edits, 12))
@@ -358,7 +356,7 @@ def train_dit(pipeline, ar, prompts: Prompts, scale: DevScale, seed: int, device
     weights = {k: torch.tensor([len(b) for b in v], dtype=torch.float) for k, v in buckets.items()}
     log = StageLog("dit", data={"captions": len(captions), "edits": int(is_edit.sum()), "images": len(scenes),
                                 "sources": len(sources), "batch": scale.dit_batch, "lr": lr, "edit_share": edit_share,
-                                "uncond_prob": uncond_prob, "ref_prob": ref_prob, "autocast": "bf16" if autocast else "none",
+                                "uncond_prob": uncond_prob, "ref_prob": ref_prob,
                                 "text_rows_max": int(text_lengths.max()), "image_rows": image.shape[1]})
     generator = torch.Generator(device=device).manual_seed(seed)
     # What a step computes (batch kind, text-length bucket, guidance branch) is drawn on the host, so choosing it
@@ -373,12 +371,6 @@ def train_dit(pipeline, ar, prompts: Prompts, scale: DevScale, seed: int, device
         return float(torch.rand((), generator=control))
 
     def step_fn(step: int) -> torch.Tensor:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            pred, x1, x0 = predicted_batch()
-        return ((pred.float() - (x1 - x0)) ** 2).mean()
-
-    def predicted_batch():
-        """(the DiT's velocity, clean latents, noise) of one drawn batch."""
         b = scale.dit_batch
         kind = bool(weights[True].numel()) and (not weights[False].numel() or uniform() < edit_share)
         j = int(torch.multinomial(weights[kind], 1, generator=control))
@@ -399,7 +391,7 @@ def train_dit(pipeline, ar, prompts: Prompts, scale: DevScale, seed: int, device
             refs = (z - cfg.shift_factor) * cfg.scaling_factor  # DiTPipeline.sample_references' scaling
             with batched_references(dit, refs, t, context.shape[1]) as references:
                 pred = dit(xt, t, context, references=references)
-        return pred, x1, x0
+        return ((pred.float() - (x1 - x0)) ** 2).mean()
 
     run_loop(log, list(dit.parameters()), step_fn, scale.dit_steps, budget_s, lr=lr, warmup=200, ema=ema,
              report_every=200)
