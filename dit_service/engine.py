@@ -4,9 +4,9 @@ Sits between the gRPC transport (server.py) and the model (model/): no grpc here
 transport. One worker thread owns the GPU/CPU. Renders are admitted into a bounded FIFO queue (a full queue
 refuses at once: ``QueueFull``, RESOURCE_EXHAUSTED on the wire); their images join a running batch of at most
 ``max_batch_size`` images of the same size between denoise steps, each at its own step, timestep, guidance and
-step count, and leave it when done (after the VAE decode; the image is encoded and sent by an encoder thread
-beside the worker) or cancelled (client gone, deadline passed). Every
-step is one transformer call for the whole batch with both CFG branches packed. On CPU an image comes out bit
+step count, and leave it when done (after the VAE decode; an encoder thread beside the worker encodes and sends the
+image) or cancelled (client gone, deadline passed). Every step is one transformer call for the whole batch with both
+CFG branches packed. On CPU an image comes out bit
 for bit the same whatever it was batched with (the transformer keeps each row's arithmetic independent of its
 batch-mates; tests/dit_service/test_batching.py); ``deterministic=True`` runs each image in a call of its
 own and asks PyTorch for deterministic kernels, for the same guarantee on CUDA at the cost of batching.
@@ -343,7 +343,7 @@ class DiTEngine:
                 while not self._queue and not self._running and not self._closed:
                     self._lock.wait()
                 if self._closed and not self._queue and not self._running:
-                    return
+                    break
                 first = self._queue[0].plan.request_id if self._queue else ""
                 self._sweep_queue()
                 self._batch_window()
@@ -360,6 +360,9 @@ class DiTEngine:
                 log.exception("denoise step failed; failing the running batch")
                 for running in list(self._running):
                     self._leave(running, exc)
+        # Closed: images already handed to the encoders still go out, then their threads end.
+        self._preview_encoder.shutdown(wait=False)
+        self._image_encoder.shutdown(wait=False)
 
     def _sweep_queue(self) -> None:
         """Cancelled renders still waiting leave the queue (under the lock)."""

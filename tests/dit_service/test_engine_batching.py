@@ -259,3 +259,17 @@ def test_a_failed_encode_fails_its_render_and_the_engine_goes_on(pipeline, monke
         assert list(images) == [0]
     finally:
         engine.close()
+
+
+def test_a_closed_engine_delivers_what_it_admitted_then_its_threads_end(pipeline):
+    before = set(threading.enumerate())
+    engine = make_engine(pipeline, max_batch_size=2)
+    jobs = [submit(engine, seed=s, steps=2, n=2) for s in (1, 2)]
+    engine.close()
+    for job in jobs:
+        images, _, _ = collect(job)
+        assert sorted(images) == [0, 1]
+    started = [t for t in threading.enumerate() if t not in before]  # the worker and its encoders still running
+    for thread in started:
+        thread.join(30)
+    assert not [t.name for t in started if t.is_alive()]
