@@ -18,10 +18,28 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # as train.cli: no torch.comp
 import torch  # noqa: E402
 
 from train import cli, dev_architecture, dev_stages, report, selfcheck  # noqa: E402
+from train.shapes import SHAPES, SIZES  # noqa: E402
 
 DEFAULT_WARM_START = Path(__file__).parent / "checkpoints" / "shapes"
 #: Seconds of training per stage: about 10 minutes of one H100 in all, with data, conditions and the checks.
 DEFAULT_BUDGET_S = {"tok": 30.0, "ar": 100.0, "dit": 330.0}
+
+
+WEIGHT_NAMES = (*SHAPES, *SIZES)
+
+
+def target_weight(text: str) -> tuple[str, float]:
+    """NAME=FACTOR, NAME a shape or a size of the shapes world, FACTOR a positive number."""
+    name, sep, factor = text.partition("=")
+    if not sep or name not in WEIGHT_NAMES:
+        raise argparse.ArgumentTypeError(f"expected NAME=FACTOR with NAME one of {', '.join(WEIGHT_NAMES)}; got {text!r}")
+    try:
+        value = float(factor)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"FACTOR must be a positive number; got {factor!r}")
+    return name, value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -40,6 +58,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dit-batch", type=int, help="DiT batch size (default: the scale's)")
     p.add_argument("--dit-lr", type=float, default=dev_stages.DIT_PEAK_LR, help="DiT peak learning rate")
     p.add_argument("--edit-share", type=float, default=0.5, help="share of DiT batches that are edits")
+    p.add_argument("--target-weight", action="append", default=[], metavar="NAME=FACTOR", type=target_weight,
+                   help="draw DiT examples whose target has this shape or size FACTOR times as often (repeatable), "
+                        f"e.g. circle=0.5 or small=2; names: {', '.join(WEIGHT_NAMES)}")
     p.add_argument("--eval-budget", type=float, default=90.0, help="seconds for the in-process checks (0: skip)")
     return p
 
@@ -75,7 +96,8 @@ def run(args: argparse.Namespace) -> dict:
     ar.eval()
     pipeline = dev_architecture.pipeline_for(dit, vae, device)
     logs.append(dev_stages.train_dit(pipeline, ar, prompts, scale, args.seed, device, args.budget_dit,
-                                     edit_share=args.edit_share, lr=args.dit_lr))
+                                     edit_share=args.edit_share, lr=args.dit_lr,
+                                     target_weights=dict(args.target_weight)))
     save()
     print(f"checkpoint written to {args.out}", flush=True)
     record: dict = {"kind": "dev", "seed": args.seed, "scale": args.scale,

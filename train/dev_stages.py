@@ -324,13 +324,22 @@ def pad_rows(tensors: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.T
 DIT_PEAK_LR = 5e-4
 
 
+def target_weight(scene: Scene, weights: dict[str, float]) -> float:
+    """How often an example is drawn, relative to the others of its kind: the product of the factors named for its
+    target's shape and size (1 when none is named)."""
+    return weights.get(scene.shape, 1.0) * weights.get(scene.size, 1.0)
+
+
 def train_dit(pipeline, ar, prompts: Prompts, scale: DevScale, seed: int, device, budget_s: float,
-              edit_share: float = 0.5, uncond_prob: float = 0.1, ref_prob: float = 0.1, lr: float = DIT_PEAK_LR) -> StageLog:
+              edit_share: float = 0.5, uncond_prob: float = 0.1, ref_prob: float = 0.1, lr: float = DIT_PEAK_LR,
+              target_weights: dict[str, float] | None = None) -> StageLog:
     """Flow matching as ``train.stages.train_dit`` (same loss, times and EMA), on captions and edits. Each batch is of
     one kind and one text length (no padding anywhere) and is one guidance branch as a whole, as the pipeline calls
     them: a caption batch is conditional ([text | Q-Former(image)]) or, ``uncond_prob`` of the time, unconditional
     (the empty context); an edit batch is conditional with its references, or ``ref_prob`` of the time the reference
-    branch (empty context with references), or ``uncond_prob`` of the time unconditional (no references)."""
+    branch (empty context with references), or ``uncond_prob`` of the time unconditional (no references).
+    ``target_weights`` (shape or size name -> factor, multiplied) draws examples whose target has that shape or size
+    more (or less) often within their batch kind, so training time goes where held-out pictures still miss."""
     dit, vae = pipeline.transformer, pipeline.vae
     captions = examples(training_scenes(seed), scale.dit_captions, seed + 2)
     pool = Pool.build(prompts, captions, training_edits(seed, scale.dit_edits, 12))
@@ -353,10 +362,12 @@ def train_dit(pipeline, ar, prompts: Prompts, scale: DevScale, seed: int, device
     buckets = {kind: [torch.nonzero((text_lengths == n) & (is_edit == kind)).flatten()
                       for n in torch.unique(text_lengths[is_edit == kind])] for kind in (False, True)}
     bucket_lengths = {k: [int(text_lengths[b[0]]) for b in v] for k, v in buckets.items()}
-    weights = {k: torch.tensor([len(b) for b in v], dtype=torch.float) for k, v in buckets.items()}
+    example_weight = torch.tensor([target_weight(s, target_weights or {}) for s in pool.targets], device=device)
+    bucket_draw = {k: [example_weight[b] for b in v] for k, v in buckets.items()}
+    weights = {k: torch.stack([w.sum() for w in v]).cpu() if v else torch.zeros(0) for k, v in bucket_draw.items()}
     log = StageLog("dit", data={"captions": len(captions), "edits": int(is_edit.sum()), "images": len(scenes),
                                 "sources": len(sources), "batch": scale.dit_batch, "lr": lr, "edit_share": edit_share,
-                                "uncond_prob": uncond_prob, "ref_prob": ref_prob,
+                                "uncond_prob": uncond_prob, "ref_prob": ref_prob, "target_weights": target_weights or {},
                                 "text_rows_max": int(text_lengths.max()), "image_rows": image.shape[1]})
     generator = torch.Generator(device=device).manual_seed(seed)
     # What a step computes (batch kind, text-length bucket, guidance branch) is drawn on the host, so choosing it
@@ -375,7 +386,7 @@ def train_dit(pipeline, ar, prompts: Prompts, scale: DevScale, seed: int, device
         kind = bool(weights[True].numel()) and (not weights[False].numel() or uniform() < edit_share)
         j = int(torch.multinomial(weights[kind], 1, generator=control))
         bucket = buckets[kind][j]
-        idx = bucket[torch.randint(0, len(bucket), (b,), device=device, generator=generator)]
+        idx = bucket[torch.multinomial(bucket_draw[kind][j], b, replacement=True, generator=generator)]
         x1 = latents[target_of[idx]]
         x0, t, xt = noised(x1, hw, generator)
         branch = uniform()

@@ -31,7 +31,8 @@ from train.stages import grid, scene_grid_ids
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("dev-train")
     out = root / "model"
-    record = run(parser().parse_args(["--out", str(out), "--device", "cpu", "--scale", "micro"]))
+    record = run(parser().parse_args(["--out", str(out), "--device", "cpu", "--scale", "micro",
+                                      "--target-weight", "square=3", "--target-weight", "small=2"]))
     return out, record
 
 
@@ -45,6 +46,7 @@ def test_micro_training_writes_a_dev_checkpoint_the_services_load(trained, loade
     assert [s["stage"] for s in record["stages"]] == ["mammothtok", "ar", "dit"]
     assert all(s["steps"] >= 1 and s["losses"] for s in record["stages"])
     assert record["stages"][2]["data"]["edits"] > 0 and record["held_out_edits"][0]["edits"] >= 1
+    assert record["stages"][2]["data"]["target_weights"] == {"square": 3.0, "small": 2.0}
     log = json.loads((out.parent / report.LOG_NAME).read_text())
     assert log["runs"][-1]["warm_start_report"]["tensors_copied"]["dit"] > 90
 
@@ -63,6 +65,19 @@ def test_micro_training_writes_a_dev_checkpoint_the_services_load(trained, loade
         torch.testing.assert_close(checkpoint.load_tensors(VAE_PREFIX, "cpu", torch.float32)[name], tensor, rtol=0, atol=0)
     for key in ("scaling_factor", "shift_factor"):
         assert checkpoint.config["gen_vae_config"][key] == preview.config["gen_vae_config"][key]
+
+
+def test_target_weights_multiply_by_shape_and_size_and_a_bad_one_names_the_accepted(capsys) -> None:
+    weights = {"square": 3.0, "small": 2.0}
+    assert dev_stages.target_weight(Scene("square", "red", "centre", "small", "white"), weights) == 6.0
+    assert dev_stages.target_weight(Scene("circle", "red", "centre", "large", "white"), weights) == 1.0
+    for bad in ("hexagon=2", "square", "square=0", "square=x"):
+        with pytest.raises(SystemExit):
+            parser().parse_args(["--out", "x", "--target-weight", bad])
+        assert "--target-weight" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parser().parse_args(["--out", "x", "--target-weight", "hexagon=2"])
+    assert "circle, square, triangle, star, small, large" in capsys.readouterr().err
 
 
 def test_warm_start_copies_matching_tensors_and_leaves_the_new_ones_fresh() -> None:
