@@ -9,6 +9,7 @@ with. The record goes to ``training_log.json`` beside ``--out`` (or in ``--log-d
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import time
 from pathlib import Path
@@ -37,8 +38,8 @@ def target_weight(text: str) -> tuple[str, float]:
         value = float(factor)
     except ValueError:
         value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"FACTOR must be a positive number; got {factor!r}")
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"FACTOR must be a positive finite number; got {factor!r}")
     return name, value
 
 

@@ -386,7 +386,10 @@ def train_dit(pipeline, ar, prompts: Prompts, scale: DevScale, seed: int, device
         kind = bool(weights[True].numel()) and (not weights[False].numel() or uniform() < edit_share)
         j = int(torch.multinomial(weights[kind], 1, generator=control))
         bucket = buckets[kind][j]
-        idx = bucket[torch.multinomial(bucket_draw[kind][j], b, replacement=True, generator=generator)]
+        if target_weights:
+            idx = bucket[torch.multinomial(bucket_draw[kind][j], b, replacement=True, generator=generator)]
+        else:  # uniform, drawn as before weights existed, so earlier runs' commands draw the same examples
+            idx = bucket[torch.randint(0, len(bucket), (b,), device=device, generator=generator)]
         x1 = latents[target_of[idx]]
         x0, t, xt = noised(x1, hw, generator)
         branch = uniform()

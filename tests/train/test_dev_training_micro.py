@@ -71,7 +71,7 @@ def test_target_weights_multiply_by_shape_and_size_and_a_bad_one_names_the_accep
     weights = {"square": 3.0, "small": 2.0}
     assert dev_stages.target_weight(Scene("square", "red", "centre", "small", "white"), weights) == 6.0
     assert dev_stages.target_weight(Scene("circle", "red", "centre", "large", "white"), weights) == 1.0
-    for bad in ("hexagon=2", "square", "square=0", "square=x"):
+    for bad in ("hexagon=2", "square", "square=0", "square=x", "square=inf", "square=nan"):
         with pytest.raises(SystemExit):
             parser().parse_args(["--out", "x", "--target-weight", bad])
         assert "--target-weight" in capsys.readouterr().err
