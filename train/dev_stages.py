@@ -305,8 +305,10 @@ def batched_references(dit, refs: torch.Tensor, timestep: torch.Tensor, caption_
     """While open, ``dit.forward(..., references=<the yielded list>)`` takes sample i's reference tokens from one
     batched computation (``reference_tokens_batched``) instead of B separate ones; same values."""
     tokens, cos, sin, shift = reference_tokens_batched(dit, refs, timestep, caption_length)
-    calls = iter(range(refs.shape[0]))
-    dit.reference_tokens = lambda references, t, length: (tokens[next(calls)], cos, sin, shift)
+    # One unbind, not B indexings: an index's backward writes a zero tensor the size of the whole batch, so B of them
+    # cost B times the batch in memory traffic; the unbind's backward is one stack.
+    per_sample = iter(tokens.unbind(0))
+    dit.reference_tokens = lambda references, t, length: (next(per_sample), cos, sin, shift)
     try:
         yield [[r] for r in refs]
     finally:

@@ -173,6 +173,19 @@ def test_batched_references_give_the_dit_s_own_reference_tokens(trained) -> None
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     assert not np.isnan(got.numpy()).any()
 
+    # Training through the batched references moves the reference path's weights as the DiT's own path would.
+    weight = dit.ref_image_patch_embedder.weight
+    dit.requires_grad_(True)
+    try:
+        (grad_expected,) = torch.autograd.grad(dit(latents, t, context, references=[[r] for r in refs]).square().mean(),
+                                               weight)
+        with dev_stages.batched_references(dit, refs, t, context.shape[1]) as references:
+            (grad_got,) = torch.autograd.grad(dit(latents, t, context, references=references).square().mean(), weight)
+    finally:
+        dit.requires_grad_(False)
+    assert grad_expected.abs().sum() > 0
+    torch.testing.assert_close(grad_got, grad_expected, rtol=1e-4, atol=1e-6)
+
 
 def test_tokenizer_tensors_are_saved_under_the_released_prefix(trained) -> None:
     names = open_checkpoint(trained[0]).tensor_names(CHECKPOINT_PREFIX)
