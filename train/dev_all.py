@@ -29,15 +29,15 @@ DEFAULT_BUDGET_S = {"tok": 30.0, "ar": 100.0, "dit": 330.0}
 WEIGHT_NAMES = (*SHAPES, *SIZES)
 
 
-def target_weight(text: str) -> tuple[str, float]:
-    """NAME=FACTOR, NAME a shape or a size of the shapes world, FACTOR a positive number."""
+def parse_target_weight(text: str) -> tuple[str, float]:
+    """``--target-weight``'s NAME=FACTOR: NAME a shape or a size of the shapes world, FACTOR a positive number."""
     name, sep, factor = text.partition("=")
     if not sep or name not in WEIGHT_NAMES:
         raise argparse.ArgumentTypeError(f"expected NAME=FACTOR with NAME one of {', '.join(WEIGHT_NAMES)}; got {text!r}")
     try:
         value = float(factor)
     except ValueError:
-        value = -1.0
+        value = math.nan
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"FACTOR must be a positive finite number; got {factor!r}")
     return name, value
@@ -59,7 +59,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dit-batch", type=int, help="DiT batch size (default: the scale's)")
     p.add_argument("--dit-lr", type=float, default=dev_stages.DIT_PEAK_LR, help="DiT peak learning rate")
     p.add_argument("--edit-share", type=float, default=0.5, help="share of DiT batches that are edits")
-    p.add_argument("--target-weight", action="append", default=[], metavar="NAME=FACTOR", type=target_weight,
+    p.add_argument("--target-weight", action="append", default=[], metavar="NAME=FACTOR", type=parse_target_weight,
                    help="draw DiT examples whose target has this shape or size FACTOR times as often (repeatable), "
                         f"e.g. circle=0.5 or small=2; names: {', '.join(WEIGHT_NAMES)}")
     p.add_argument("--eval-budget", type=float, default=90.0, help="seconds for the in-process checks (0: skip)")

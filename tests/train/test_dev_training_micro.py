@@ -74,10 +74,10 @@ def test_target_weights_multiply_by_shape_and_size_and_a_bad_one_names_the_accep
     for bad in ("hexagon=2", "square", "square=0", "square=x", "square=inf", "square=nan"):
         with pytest.raises(SystemExit):
             parser().parse_args(["--out", "x", "--target-weight", bad])
-        assert "--target-weight" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        parser().parse_args(["--out", "x", "--target-weight", "hexagon=2"])
-    assert "circle, square, triangle, star, small, large" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "--target-weight" in err
+        if bad == "hexagon=2":
+            assert "circle, square, triangle, star, small, large" in err
 
 
 def test_warm_start_copies_matching_tensors_and_leaves_the_new_ones_fresh() -> None:
