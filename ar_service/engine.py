@@ -232,6 +232,7 @@ class AREngine:
         compile_decode_mode: str = "default",
         decode_kernels: str = "torch",
         decode_lookahead: bool = False,
+        capture_lane_graphs: bool = False,
         deterministic: bool = False,
         profiler: BusyProfiler | None = None,
         gpu_memory_utilization: float = 0.9,
@@ -287,7 +288,7 @@ class AREngine:
                 started = time.perf_counter()
                 default = self.planner.grid_rule.grid(self.serving.default_width, self.serving.default_height)
                 typical = len(prompt_ids_for(loaded.tokenizer, "", default)) + min(256, max_prompt_tokens)
-                graphs = static.warm_up(typical + default.decode_tokens)
+                graphs = static.warm_up(typical + default.decode_tokens, lanes=capture_lane_graphs)
                 if graphs:
                     log.info("fast decode: %d CUDA graphs captured in %.1f s", graphs, time.perf_counter() - started)
                 static.lookahead = decode_lookahead

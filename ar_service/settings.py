@@ -105,6 +105,12 @@ class ARSettings(ModelServiceSettings):
         description="with fast_decode: launch each stream's next token step before the host has handled the last "
         "one (same results; overlaps host and device work)",
     )
+    capture_lane_graphs: bool = Field(
+        False,
+        description="with fast_decode, decode_kernels torch and CUDA graphs: capture the graphs of steps of lanes "
+        "(speculative, row_parallel) at start too, so that no request waits for a capture under load (twice the "
+        "graphs: a longer start); otherwise each is captured the first time a step needs it",
+    )
     prefix_cache: bool = Field(True, description="prefill the shared system-prompt prefix once and reuse its K/V")
     prefill_memo: int = Field(
         16, ge=0,  # generation.PREFILL_MEMO_ENTRIES (not imported: settings load without torch)

@@ -29,7 +29,10 @@ What one run does (``--stages``, default ``c1,lossless,fp8``), each stage agains
   each ``--saturation-points`` SIZE:STEPS:CLIENTS (default ``512:20:16``) a closed loop of sequential requests and one
   of ``SATURATION_MODES`` (``bench.saturation.run_point``: warm-up, then a window of at most
   ``--saturation-window-s``): one start for both, so each mode is measured against sequential decoding on the
-  same services. ``--saturation FILE`` puts other ``bench.saturation`` runs on the page too.
+  same services. ar_service captures the graphs of steps of lanes at start (``--capture-lane-graphs``), so that the
+  modes' point measures their steps and not their first captures under load. ``--ar-arg`` / ``--dit-arg`` add flags
+  to one service in every stage (a later flag wins: ``--dit-arg=--max-batch-size=2``). ``--saturation FILE`` puts other
+  ``bench.saturation`` runs on the page too.
 
 Writes ``OUT/modes.json`` (every request) and ``OUT/MODES.md``.
 """
@@ -235,15 +238,26 @@ def _print(answer: Answer) -> None:
              f"{t.get('ar_forwards')} forwards, denoise {t.get('denoise_ms', 0) / 1e3:.2f} s"), flush=True)
 
 
+def saturation_service_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """ar_service's and dit_service's flags for the saturation stage: bench.saturation's for many streams, the lanes'
+    graphs captured at start, dit_service in FP8 on CUDA, then the command line's (a later flag wins)."""
+    from bench import saturation as sat
+
+    fp8 = ["--quantization", "fp8"] if args.device.startswith("cuda") else []  # FP8 needs Ada or Hopper
+    return ([*sat.SATURATION_AR_ARGS, "--capture-lane-graphs", *args.service_arg, *args.ar_arg],
+            [*sat.SATURATION_DIT_ARGS, *fp8, *args.service_arg, *args.dit_arg])
+
+
 def run_saturation(args: argparse.Namespace, model_dir: Path) -> dict:
     """The saturation stage: one start of the services for many streams, each point once per SATURATION_MODES."""
     from bench import saturation as sat
     from bench.services import GpuMemoryWatch, free_port
 
     ar_metrics, dit_metrics = free_port(), free_port()
-    extra_ar = [*sat.SATURATION_AR_ARGS, *args.service_arg, "--metrics-port", str(ar_metrics)]
-    fp8 = ["--quantization", "fp8"] if args.device.startswith("cuda") else []  # FP8 needs Ada or Hopper
-    extra_dit = [*sat.SATURATION_DIT_ARGS, *args.service_arg, *fp8, "--metrics-port", str(dit_metrics)]
+    extra_ar, extra_dit = saturation_service_args(args)
+    fp8 = args.device.startswith("cuda")
+    extra_ar += ["--metrics-port", str(ar_metrics)]
+    extra_dit += ["--metrics-port", str(dit_metrics)]
     run: dict = {"label": "AR bf16, DiT FP8" if fp8 else args.device, "points": [],
                  "service_args": {"ar_service": extra_ar, "dit_service": extra_dit}}
     stack = ServiceStack(model_dir, args.out / "logs" / "saturation", device=args.device, random_weights=not args.tiny,
@@ -453,6 +467,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/ardit-bench"), help="where the model directory goes")
     parser.add_argument("--service-arg", action="append", default=[], help="a flag for both model services")
+    parser.add_argument("--ar-arg", action="append", default=[], help="a flag for ar_service only (repeatable)")
+    parser.add_argument("--dit-arg", action="append", default=[], help="a flag for dit_service only (repeatable)")
     parser.add_argument("--timeout-s", type=float, default=900.0)
     parser.add_argument("--render", type=Path, help="only write the page again from this modes.json")
     parser.add_argument("--saturation", type=Path, nargs="*", default=[], help="bench.saturation results to show")
@@ -484,8 +500,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def stack_for(name: str, extra_dit: list[str]) -> ServiceStack:
         return ServiceStack(model_dir, args.out / "logs" / name, device=args.device, random_weights=not args.tiny,
-                            request_timeout_s=args.timeout_s, extra_ar=list(args.service_arg),
-                            extra_dit=[*args.service_arg, *extra_dit])
+                            request_timeout_s=args.timeout_s, extra_ar=[*args.service_arg, *args.ar_arg],
+                            extra_dit=[*args.service_arg, *extra_dit, *args.dit_arg])
 
     if "c1" in stages or "lossless" in stages:
         stack = stack_for("default", [])

@@ -245,11 +245,11 @@ def test_out_of_memory_while_capturing_builds_the_decoder_again_with_half_the_im
     warm_up = StaticDecoder.warm_up
     failed: list[weakref.ref] = []
 
-    def out_of_memory_once(self, positions):
+    def out_of_memory_once(self, positions, lanes=False):
         if not failed:
             failed.append(weakref.ref(self))
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
-        return warm_up(self, positions)
+        return warm_up(self, positions, lanes)
 
     monkeypatch.setattr(StaticDecoder, "warm_up", out_of_memory_once)
     renderer = FakeRenderer()
@@ -271,7 +271,7 @@ def test_out_of_memory_while_capturing_builds_the_decoder_again_with_half_the_im
 def test_out_of_memory_even_for_one_image_refuses_the_start(tiny_ar, checkpoint, monkeypatch):
     attempts: list[int] = []
 
-    def always_out_of_memory(self, positions):
+    def always_out_of_memory(self, positions, lanes=False):
         attempts.append(self.slots)
         raise torch.OutOfMemoryError("CUDA out of memory")
 
@@ -283,10 +283,31 @@ def test_out_of_memory_even_for_one_image_refuses_the_start(tiny_ar, checkpoint,
 
 
 def test_other_errors_while_building_the_decoder_are_not_taken_for_lack_of_memory(tiny_ar, checkpoint, monkeypatch):
-    def broken(self, positions):
+    def broken(self, positions, lanes=False):
         raise RuntimeError("a kernel failed to compile")
 
     monkeypatch.setattr(StaticDecoder, "warm_up", broken)
     with pytest.raises(RuntimeError, match="failed to compile"):
         make_engine(tiny_ar, checkpoint, max_batch_size=4, fast_decode=True)
 
+
+
+@pytest.mark.parametrize("capture", [False, True])
+def test_capture_lane_graphs_asks_the_warm_up_for_the_lanes_graphs(tiny_ar, checkpoint, monkeypatch, capture):
+    """The setting decides whether the start captures the graphs of steps of lanes (speculative and row_parallel
+    steps under load otherwise pay for their first capture); the env name is the documented one."""
+    monkeypatch.setenv("ARDIT_AR_CAPTURE_LANE_GRAPHS", "true" if capture else "false")
+    asked: list[bool] = []
+    warm_up = StaticDecoder.warm_up
+
+    def recording(self, positions, lanes=False):
+        asked.append(lanes)
+        return warm_up(self, positions, lanes)
+
+    monkeypatch.setattr(StaticDecoder, "warm_up", recording)
+    engine = make_engine(tiny_ar, checkpoint, max_batch_size=2, fast_decode=True,
+                         capture_lane_graphs=ARSettings().capture_lane_graphs)
+    try:
+        assert asked == [capture]
+    finally:
+        engine.close()
