@@ -29,9 +29,7 @@ What one run does (``--stages``, default ``c1,lossless,fp8``), each stage agains
   each ``--saturation-points`` SIZE:STEPS:CLIENTS (default ``512:20:16``) a closed loop of sequential requests and one
   of ``SATURATION_MODES`` (``bench.saturation.run_point``: warm-up, then a window of at most
   ``--saturation-window-s``): one start for both, so each mode is measured against sequential decoding on the
-  same services. ar_service captures the graphs of steps of lanes at start (``--capture-lane-graphs``), so that the
-  modes' point measures their steps and not their first captures under load. ``--ar-arg`` / ``--dit-arg`` add flags
-  to one service in every stage (a later flag wins: ``--dit-arg=--max-batch-size=2``). ``--saturation FILE`` puts other
+  same services. ``--ar-arg`` / ``--dit-arg`` add flags to one service in every stage (a later flag wins: ``--dit-arg=--max-batch-size=2``). ``--saturation FILE`` puts other
   ``bench.saturation`` runs on the page too.
 
 Writes ``OUT/modes.json`` (every request) and ``OUT/MODES.md``.
@@ -239,12 +237,12 @@ def _print(answer: Answer) -> None:
 
 
 def saturation_service_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
-    """ar_service's and dit_service's flags for the saturation stage: bench.saturation's for many streams, the lanes'
-    graphs captured at start, dit_service in FP8 on CUDA, then the command line's (a later flag wins)."""
+    """ar_service's and dit_service's flags for the saturation stage: bench.saturation's for many streams,
+    dit_service in FP8 on CUDA, then the command line's (a later flag wins)."""
     from bench import saturation as sat
 
     fp8 = ["--quantization", "fp8"] if args.device.startswith("cuda") else []  # FP8 needs Ada or Hopper
-    return ([*sat.SATURATION_AR_ARGS, "--capture-lane-graphs", *args.service_arg, *args.ar_arg],
+    return ([*sat.SATURATION_AR_ARGS, *args.service_arg, *args.ar_arg],
             [*sat.SATURATION_DIT_ARGS, *fp8, *args.service_arg, *args.dit_arg])
 
 

@@ -404,6 +404,7 @@ class StaticDecoder:
         pinned = device.type == "cuda"
         self._host_drawn = torch.zeros(slots, dtype=torch.long, pin_memory=pinned)
         self._pool: torch.cuda._POOL_HANDLE | None = None  # the type torch.cuda.graph_pool_handle() returns
+        self._side: torch.cuda.Stream | None = None  # where captures warm up (_capture)
         with torch.no_grad():
             fused = [self._weights(layer) for layer in text.layers]
         self._layer_weights = [weights for weights, _, _ in fused]
@@ -689,7 +690,11 @@ class StaticDecoder:
         # Warm up on a side stream (compilation, cuBLAS workspaces), then capture. The inputs are saved and put
         # back: the warm-up runs write K/V at the rows' current cache indexes, which the real step rewrites.
         saved = self._long.clone()
-        side = torch.cuda.Stream()
+        # One side stream for every capture: torch keeps a cuBLAS workspace for each stream a matmul has run on (for
+        # the process's life), so warm-ups spread over torch's pool of streams would hold one each.
+        if self._side is None:
+            self._side = torch.cuda.Stream()
+        side = self._side
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             try:

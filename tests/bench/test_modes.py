@@ -71,19 +71,19 @@ def test_the_page_marks_each_target():
     assert verdicts["512x512/20, 16 clients, with the speed modes >= 4.0 images/s"] == "n/a (not measured)"
 
 
-def test_the_saturation_stage_captures_the_lanes_graphs_and_takes_each_service_its_own_flags():
-    """The modes' point must not pay for graph captures under load; a flag for one service reaches only that one,
-    after the stage's own (a later flag wins); and ar_service accepts what the stage gives it."""
+def test_the_saturation_stage_gives_each_service_its_own_flags():
+    """A flag for one service reaches only that one, after the stage's own (a later flag wins), and each service
+    accepts what the stage gives it."""
     from ar_service.settings import ARSettings
     from dit_service.settings import DiTSettings
     from servicekit.settings import load_settings
 
     args = modes.build_parser().parse_args(["--stages", "saturation", "--dit-arg=--max-batch-size=2",
-                                            "--ar-arg=--max-batch-size=8"])
+                                            "--ar-arg=--max-batch-size=8", "--ar-arg=--capture-lane-graphs"])
     ar, dit = modes.saturation_service_args(args)
     assert "--quantization" in dit and "--quantization" not in ar  # the DiT in FP8 on CUDA, the AR in bf16
     assert dit[-1] == "--max-batch-size=2" and "--max-batch-size=2" not in ar
-    assert ar[-1] == "--max-batch-size=8"
+    assert ar[-2:] == ["--max-batch-size=8", "--capture-lane-graphs"]
     ar_settings, dit_settings = load_settings(ARSettings, ar), load_settings(DiTSettings, dit)
     assert ar_settings.capture_lane_graphs and ar_settings.max_batch_size == 8
     assert dit_settings.max_batch_size == 2 and dit_settings.quantization == "fp8"
