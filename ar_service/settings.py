@@ -109,7 +109,8 @@ class ARSettings(ModelServiceSettings):
         False,
         description="with fast_decode, decode_kernels torch and CUDA graphs: capture the graphs of steps of lanes "
         "(speculative, row_parallel) at start too, so that no request waits for a capture under load (twice the "
-        "graphs: a longer start); otherwise each is captured the first time a step needs it",
+        "graphs: a longer start and more memory, which may leave room for fewer images); otherwise each is captured "
+        "the first time a step needs it",
     )
     prefix_cache: bool = Field(True, description="prefill the shared system-prompt prefix once and reuse its K/V")
     prefill_memo: int = Field(
