@@ -29,8 +29,10 @@ What one run does (``--stages``, default ``c1,lossless,fp8``), each stage agains
   each ``--saturation-points`` SIZE:STEPS:CLIENTS (default ``512:20:16``) a closed loop of sequential requests and one
   of ``SATURATION_MODES`` (``bench.saturation.run_point``: warm-up, then a window of at most
   ``--saturation-window-s``): one start for both, so each mode is measured against sequential decoding on the
-  same services. ``--ar-arg`` / ``--dit-arg`` add flags to one service in every stage (a later flag wins: ``--dit-arg=--max-batch-size=2``). ``--saturation FILE`` puts other
-  ``bench.saturation`` runs on the page too.
+  same services. ``--saturation FILE`` puts other ``bench.saturation`` runs on the page too.
+
+``--ar-arg`` / ``--dit-arg`` add a flag to one service in every stage, after the stage's own (a later flag wins:
+``--dit-arg=--max-batch-size=2``).
 
 Writes ``OUT/modes.json`` (every request) and ``OUT/MODES.md``.
 """
