@@ -720,9 +720,13 @@ class StaticDecoder:
                  ", lanes" if gather else "", len(self._graphs))
         return self._graphs[key]
 
+    @torch.no_grad()
     def _forward(self, bucket: int, p: int, gather: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The step over the first ``p`` rows: (drawn ids [p], condition hidden states [p, H]). RoPE rotates at each
-        row's position; K/V are written and read at its cache index."""
+        row's position; K/V are written and read at its cache index. Never recorded by autograd, whoever calls it
+        (the captures at start run outside the engine's inference mode): the model's weights require grad, and a
+        recorded K/V write would chain every step's saved activations to the cache, which lives as long as the
+        decoder."""
         config, text = self.config, self.text
         ids, positions, rows, indexes = self.ids[:p], self.positions[:p], self._rows[:p], self.indexes[:p]
         x = text.gen_embed_tokens(config.gen_embedding_row(ids))

@@ -15,6 +15,7 @@ from ar_service.conditions import prompt_ids_for
 from ar_service.decoding.decoders import ROWS_PER_IMAGE, EagerDecoder, SlotDecoder, decode_together
 from ar_service.decoding.stream import DecodeStream
 from ar_service.generation import generate_grid
+from ar_service.model import decode_kernels
 from ar_service.model.static_decode import StaticDecoder
 from ar_service.prefill import build_prefix_cache, system_prefix_ids
 from ar_service.prompt import grid_for_size
@@ -171,3 +172,22 @@ def test_steps_launched_ahead_change_nothing(setup):
     assert a.token_ids == b.token_ids
     assert torch.equal(a.image_condition, b.image_condition)
     assert ahead.ahead_taken == len(a.token_ids) - 2 and ahead.ahead_wasted == 0
+
+
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_decode_steps_outside_inference_mode_leave_the_cache_out_of_autograd(setup, kernels):
+    """The graph captures at start step outside the engine's inference mode, and the model's weights require grad.
+    Were those steps recorded, every K/V write would chain that step's saved activations to the cache, which lives
+    as long as the decoder: memory growing with each captured graph (tens of GiB at 32 images on the GPU)."""
+    if kernels == "triton" and not decode_kernels.available:
+        pytest.skip("triton is not installed (no wheel for this platform)")
+    tiny_ar, _, _ = setup
+    assert any(p.requires_grad for p in tiny_ar.model.parameters())  # what makes the guard necessary
+    static = StaticDecoder(tiny_ar.model, slots=2, max_positions=300, kernels=kernels)
+    start = tiny_ar.config.gen_vocab_start_index
+    draw = ((start, start + 8), SamplingParams(), 0, 0)
+    for position in range(3):
+        _, hidden = static.step([0, 1], [start, start + 1], [position, position], [draw, draw])
+        assert not hidden.requires_grad
+    assert static.k.grad_fn is None and static.v.grad_fn is None
+    assert not static.k.requires_grad and not static.v.requires_grad
