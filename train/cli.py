@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import random
 import time
@@ -26,6 +27,20 @@ STAGES = ("vae", "ar", "dit")
 DEFAULT_BUDGET_S = {"vae": 50.0, "ar": 45.0, "dit": 300.0}  # with data, conditions and the check: ~8 min on one H200
 
 
+def shape_weight(text: str) -> float:
+    """``--dit-shape-weight``'s W: a finite number >= 0 (the shape's latents weigh 1 + W)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0; got {text!r}")
+    return value
+
+
+SHAPE_WEIGHT_HELP = "extra DiT loss weight on the latents the (target's) shape touches (0: uniform)"
+
+
 def parser(description: str, with_stages: bool) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     if with_stages:
@@ -38,8 +53,7 @@ def parser(description: str, with_stages: bool) -> argparse.ArgumentParser:
     for name in STAGES:
         p.add_argument(f"--budget-{name}", type=float, default=DEFAULT_BUDGET_S[name], help=f"seconds of {name} training at most")
     p.add_argument("--dit-batch", type=int, help="DiT batch size (default: the scale's)")
-    p.add_argument("--dit-shape-weight", type=float, default=0.0,
-                   help="extra DiT loss weight on the latents the shape touches (0: uniform)")
+    p.add_argument("--dit-shape-weight", type=shape_weight, default=0.0, help=SHAPE_WEIGHT_HELP)
     p.add_argument("--dit-lr", type=float, default=stages.DIT_PEAK_LR,
                    help="DiT peak learning rate (lower to fine-tune a trained DiT)")
     p.add_argument("--eval-budget", type=float, default=40.0, help="seconds for the in-process held-out check (0: skip)")

@@ -59,6 +59,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dit-batch", type=int, help="DiT batch size (default: the scale's)")
     p.add_argument("--dit-lr", type=float, default=dev_stages.DIT_PEAK_LR, help="DiT peak learning rate")
     p.add_argument("--edit-share", type=float, default=0.5, help="share of DiT batches that are edits")
+    p.add_argument("--dit-shape-weight", type=cli.shape_weight, default=0.0, help=cli.SHAPE_WEIGHT_HELP)
     p.add_argument("--target-weight", action="append", default=[], metavar="NAME=FACTOR", type=parse_target_weight,
                    help="draw DiT examples whose target has this shape or size FACTOR times as often (repeatable), "
                         f"e.g. circle=0.5 or small=2; names: {', '.join(WEIGHT_NAMES)}")
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> dict:
     pipeline = dev_architecture.pipeline_for(dit, vae, device)
     logs.append(dev_stages.train_dit(pipeline, ar, prompts, scale, args.seed, device, args.budget_dit,
                                      edit_share=args.edit_share, lr=args.dit_lr,
-                                     target_weights=dict(args.target_weight)))
+                                     target_weights=dict(args.target_weight), shape_weight=args.dit_shape_weight))
     save()
     print(f"checkpoint written to {args.out}", flush=True)
     record: dict = {"kind": "dev", "seed": args.seed, "scale": args.scale,

@@ -48,6 +48,7 @@ from train.stages import (
     grid,
     image_tensor,
     noised,
+    shape_loss_weights,
     pack_tokens,
     run_loop,
     scene_grid_ids,
@@ -334,14 +335,16 @@ def target_weight(scene: Scene, weights: dict[str, float]) -> float:
 
 def train_dit(pipeline, ar, prompts: Prompts, scale: DevScale, seed: int, device, budget_s: float,
               edit_share: float = 0.5, uncond_prob: float = 0.1, ref_prob: float = 0.1, lr: float = DIT_PEAK_LR,
-              target_weights: dict[str, float] | None = None) -> StageLog:
+              target_weights: dict[str, float] | None = None, shape_weight: float = 0.0) -> StageLog:
     """Flow matching as ``train.stages.train_dit`` (same loss, times and EMA), on captions and edits. Each batch is of
     one kind and one text length (no padding anywhere) and is one guidance branch as a whole, as the pipeline calls
     them: a caption batch is conditional ([text | Q-Former(image)]) or, ``uncond_prob`` of the time, unconditional
     (the empty context); an edit batch is conditional with its references, or ``ref_prob`` of the time the reference
     branch (empty context with references), or ``uncond_prob`` of the time unconditional (no references).
     ``target_weights`` (shape or size name -> factor, multiplied) draws examples whose target has that shape or size
-    more (or less) often within their batch kind, so training time goes where held-out pictures still miss."""
+    more (or less) often within their batch kind, so training time goes where held-out pictures still miss.
+    ``shape_weight``: each latent's squared error weighted by ``train.stages.shape_loss_weights`` of the target (1 +
+    ``shape_weight`` where the shape touches it), as the Preview trainer does; 0 keeps the uniform loss."""
     dit, vae = pipeline.transformer, pipeline.vae
     captions = examples(training_scenes(seed), scale.dit_captions, seed + 2)
     pool = Pool.build(prompts, captions, training_edits(seed, scale.dit_edits, 12))
@@ -370,12 +373,14 @@ def train_dit(pipeline, ar, prompts: Prompts, scale: DevScale, seed: int, device
     log = StageLog("dit", data={"captions": len(captions), "edits": int(is_edit.sum()), "images": len(scenes),
                                 "sources": len(sources), "batch": scale.dit_batch, "lr": lr, "edit_share": edit_share,
                                 "uncond_prob": uncond_prob, "ref_prob": ref_prob, "target_weights": target_weights or {},
+                                "shape_weight": shape_weight,
                                 "text_rows_max": int(text_lengths.max()), "image_rows": image.shape[1]})
     generator = torch.Generator(device=device).manual_seed(seed)
     # What a step computes (batch kind, text-length bucket, guidance branch) is drawn on the host, so choosing it
     # never waits for the device to finish the step before.
     control = torch.Generator().manual_seed(seed)
     hw = tuple(latents.shape[2:])
+    loss_weights = shape_loss_weights(scenes, hw, shape_weight, device) if shape_weight else None
     dit.train().requires_grad_(True)
     dit.pack_samples = False  # every batch has one condition length: no padding
     ema = EMA(dit, decay=0.999 if scale.dit_steps > 1000 else 0.0)
@@ -407,7 +412,11 @@ def train_dit(pipeline, ar, prompts: Prompts, scale: DevScale, seed: int, device
             refs = (z - cfg.shift_factor) * cfg.scaling_factor  # DiTPipeline.sample_references' scaling
             with batched_references(dit, refs, t, context.shape[1]) as references:
                 pred = dit(xt, t, context, references=references)
-        return ((pred.float() - (x1 - x0)) ** 2).mean()
+        error = (pred.float() - (x1 - x0)) ** 2
+        if loss_weights is None:
+            return error.mean()
+        weight = loss_weights[target_of[idx]]
+        return (error * weight).mean() / weight.mean()
 
     run_loop(log, list(dit.parameters()), step_fn, scale.dit_steps, budget_s, lr=lr, warmup=200, ema=ema,
              report_every=200)

@@ -32,7 +32,8 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("dev-train")
     out = root / "model"
     record = run(parser().parse_args(["--out", str(out), "--device", "cpu", "--scale", "micro",
-                                      "--target-weight", "square=3", "--target-weight", "small=2"]))
+                                      "--target-weight", "square=3", "--target-weight", "small=2",
+                                      "--dit-shape-weight", "4"]))
     return out, record
 
 
@@ -47,6 +48,7 @@ def test_micro_training_writes_a_dev_checkpoint_the_services_load(trained, loade
     assert all(s["steps"] >= 1 and s["losses"] for s in record["stages"])
     assert record["stages"][2]["data"]["edits"] > 0 and record["held_out_edits"][0]["edits"] >= 1
     assert record["stages"][2]["data"]["target_weights"] == {"square": 3.0, "small": 2.0}
+    assert record["stages"][2]["data"]["shape_weight"] == 4.0
     log = json.loads((out.parent / report.LOG_NAME).read_text())
     assert log["runs"][-1]["warm_start_report"]["tensors_copied"]["dit"] > 90
 
@@ -78,6 +80,16 @@ def test_target_weights_multiply_by_shape_and_size_and_a_bad_one_names_the_accep
         assert "--target-weight" in err
         if bad == "hexagon=2":
             assert "circle, square, triangle, star, small, large" in err
+
+
+def test_a_shape_weight_below_zero_or_not_a_number_is_refused(capsys) -> None:
+    """1 + W weighs the shape's latents: W below 0 would weigh them down to nothing or below."""
+    assert parser().parse_args(["--out", "x", "--dit-shape-weight", "4"]).dit_shape_weight == 4.0
+    assert parser().parse_args(["--out", "x"]).dit_shape_weight == 0.0
+    for bad in ("-1", "x", "inf", "nan"):
+        with pytest.raises(SystemExit):
+            parser().parse_args(["--out", "x", "--dit-shape-weight", bad])
+        assert "--dit-shape-weight: must be a finite number >= 0" in capsys.readouterr().err
 
 
 def test_warm_start_copies_matching_tensors_and_leaves_the_new_ones_fresh() -> None:
