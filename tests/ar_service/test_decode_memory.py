@@ -291,7 +291,6 @@ def test_other_errors_while_building_the_decoder_are_not_taken_for_lack_of_memor
         make_engine(tiny_ar, checkpoint, max_batch_size=4, fast_decode=True)
 
 
-
 @pytest.mark.parametrize("capture", [False, True])
 def test_capture_lane_graphs_asks_the_warm_up_for_the_lanes_graphs(tiny_ar, checkpoint, monkeypatch, capture):
     """The setting decides whether the start captures the graphs of steps of lanes (speculative and row_parallel
