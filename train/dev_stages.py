@@ -48,10 +48,10 @@ from train.stages import (
     grid,
     image_tensor,
     noised,
-    shape_loss_weights,
     pack_tokens,
     run_loop,
     scene_grid_ids,
+    shape_loss_weights,
     training_scenes,
 )
 from train.visual_tokens import coverage_codes
