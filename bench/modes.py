@@ -59,6 +59,7 @@ from ar_service.prompt import Grid
 from bench.harness import machine_info, request_body
 from bench.inprocess import parse_points
 from bench.markdown import fmt, table, verdict
+from bench.saturation import join_pass_through, precision_label
 from bench.saturation_report import littles_law
 from bench.services import ServiceStack, make_model_dir
 
@@ -255,7 +256,7 @@ def run_saturation(args: argparse.Namespace, model_dir: Path) -> dict:
 
     ar_metrics, dit_metrics = free_port(), free_port()
     extra_ar, extra_dit = saturation_service_args(args)
-    fp8 = args.device.startswith("cuda")
+    fp8 = precision_label(extra_dit, "") == "fp8"
     extra_ar += ["--metrics-port", str(ar_metrics)]
     extra_dit += ["--metrics-port", str(dit_metrics)]
     run: dict = {"label": "AR bf16, DiT FP8" if fp8 else args.device, "points": [],
@@ -475,9 +476,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line, with ``--ar-arg --flag`` taken as ``--ar-arg=--flag`` (as bench.saturation takes it)."""
+    return build_parser().parse_args(join_pass_through(argv))
+
+
 def main(argv: list[str] | None = None) -> int:
     command = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(command)
+    args = parse_args(command)
     saturation = [json.loads(path.read_text()) for path in args.saturation]
     if args.render:
         out = args.out or args.render.parent

@@ -27,12 +27,17 @@ STAGES = ("vae", "ar", "dit")
 DEFAULT_BUDGET_S = {"vae": 50.0, "ar": 45.0, "dit": 300.0}  # with data, conditions and the check: ~8 min on one H200
 
 
+def number(text: str) -> float:
+    """``text`` as a float, NaN when it is not a number (so one finiteness check refuses both)."""
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
+
+
 def shape_weight(text: str) -> float:
     """``--dit-shape-weight``'s W: a finite number >= 0 (the shape's latents weigh 1 + W)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
+    value = number(text)
     if not (value >= 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0; got {text!r}")
     return value

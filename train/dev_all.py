@@ -34,10 +34,7 @@ def parse_target_weight(text: str) -> tuple[str, float]:
     name, sep, factor = text.partition("=")
     if not sep or name not in WEIGHT_NAMES:
         raise argparse.ArgumentTypeError(f"expected NAME=FACTOR with NAME one of {', '.join(WEIGHT_NAMES)}; got {text!r}")
-    try:
-        value = float(factor)
-    except ValueError:
-        value = math.nan
+    value = cli.number(factor)
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"FACTOR must be a positive finite number; got {factor!r}")
     return name, value

@@ -78,8 +78,8 @@ def test_the_saturation_stage_gives_each_service_its_own_flags():
     from dit_service.settings import DiTSettings
     from servicekit.settings import load_settings
 
-    args = modes.build_parser().parse_args(["--stages", "saturation", "--dit-arg=--max-batch-size=2",
-                                            "--ar-arg=--max-batch-size=8", "--ar-arg=--capture-lane-graphs"])
+    args = modes.parse_args(["--stages", "saturation", "--dit-arg=--max-batch-size=2",
+                             "--ar-arg=--max-batch-size=8", "--ar-arg", "--capture-lane-graphs"])
     ar, dit = modes.saturation_service_args(args)
     assert "--quantization" in dit and "--quantization" not in ar  # the DiT in FP8 on CUDA, the AR in bf16
     assert dit[-1] == "--max-batch-size=2" and "--max-batch-size=2" not in ar
