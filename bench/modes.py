@@ -56,10 +56,10 @@ import httpx
 
 from ar_service.decoding.modes import RowParallel
 from ar_service.prompt import Grid
+from bench import saturation as sat
 from bench.harness import machine_info, request_body
 from bench.inprocess import parse_points
 from bench.markdown import fmt, table, verdict
-from bench.saturation import join_pass_through, precision_label
 from bench.saturation_report import littles_law
 from bench.services import ServiceStack, make_model_dir
 
@@ -242,8 +242,6 @@ def _print(answer: Answer) -> None:
 def saturation_service_args(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     """ar_service's and dit_service's flags for the saturation stage: bench.saturation's for many streams,
     dit_service in FP8 on CUDA, then the command line's (a later flag wins)."""
-    from bench import saturation as sat
-
     fp8 = ["--quantization", "fp8"] if args.device.startswith("cuda") else []  # FP8 needs Ada or Hopper
     return ([*sat.SATURATION_AR_ARGS, *args.service_arg, *args.ar_arg],
             [*sat.SATURATION_DIT_ARGS, *fp8, *args.service_arg, *args.dit_arg])
@@ -251,12 +249,11 @@ def saturation_service_args(args: argparse.Namespace) -> tuple[list[str], list[s
 
 def run_saturation(args: argparse.Namespace, model_dir: Path) -> dict:
     """The saturation stage: one start of the services for many streams, each point once per SATURATION_MODES."""
-    from bench import saturation as sat
     from bench.services import GpuMemoryWatch, free_port
 
     ar_metrics, dit_metrics = free_port(), free_port()
     extra_ar, extra_dit = saturation_service_args(args)
-    fp8 = precision_label(extra_dit, "") == "fp8"
+    fp8 = sat.precision_label(extra_dit, "") == "fp8"
     extra_ar += ["--metrics-port", str(ar_metrics)]
     extra_dit += ["--metrics-port", str(dit_metrics)]
     run: dict = {"label": "AR bf16, DiT FP8" if fp8 else args.device, "points": [],
@@ -478,7 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The command line, with ``--ar-arg --flag`` taken as ``--ar-arg=--flag`` (as bench.saturation takes it)."""
-    return build_parser().parse_args(join_pass_through(argv))
+    return build_parser().parse_args(sat.join_pass_through(argv))
 
 
 def main(argv: list[str] | None = None) -> int:
