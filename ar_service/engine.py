@@ -46,7 +46,7 @@ from ar_service.model.decode_memory import (
     is_out_of_memory,
 )
 from ar_service.model.loading import LoadedAR
-from ar_service.model.static_decode import StaticDecoder
+from ar_service.model.static_decode import StaticDecoder, lane_rows_for
 from ar_service.planning import EditLimits, ImagePlan, RequestPlanner
 from ar_service.prefill import (
     PREFILL_MEMO_ENTRIES,
@@ -233,6 +233,7 @@ class AREngine:
         decode_kernels: str = "torch",
         decode_lookahead: bool = False,
         capture_lane_graphs: bool = False,
+        decode_lane_rows: int = 0,
         deterministic: bool = False,
         profiler: BusyProfiler | None = None,
         gpu_memory_utilization: float = 0.9,
@@ -241,7 +242,8 @@ class AREngine:
         """``gpu_memory_utilization``: the fraction of the device's total memory this process may hold; the fast
         decoder is sized to fit it (fewer images than ``max_batch_size`` when they do not: ``self.max_batch_size``
         says how many). ``device_memory``: the device's figures to size against (default: read from CUDA; on the
-        CPU none, so no limit)."""
+        CPU none, so no limit). ``decode_lane_rows``: the rows a fast decode step of lanes may run
+        (``static_decode.lane_rows_for``; 0: auto)."""
         if max_batch_size < 1 or max_queued_requests < 0:
             raise ValueError("max_batch_size must be >= 1 and max_queued_requests >= 0")
         if not 0 < gpu_memory_utilization <= 1:
@@ -278,10 +280,12 @@ class AREngine:
                 static = StaticDecoder(
                     loaded.model, rows, self.max_positions(), compile=compile_decode, full_length=deterministic,
                     compile_mode=compile_decode_mode, kernels=decode_kernels, shared_slots=shared_slots,
+                    lane_rows=lane_rows_for(decode_lane_rows, rows, decode_kernels),
                 )
                 log.info(
-                    "fast decode: %d slots x %d positions (%.2f GiB of K/V), %s kernels, %s%s", rows,
-                    static.max_positions, (static.k.numel() + static.v.numel()) * static.k.element_size() / 2**30,
+                    "fast decode: %d slots x %d positions (%.2f GiB of K/V), steps of lanes up to %d rows, %s kernels, "
+                    "%s%s", rows, static.max_positions,
+                    (static.k.numel() + static.v.numel()) * static.k.element_size() / 2**30, static.lane_rows,
                     decode_kernels, "CUDA graphs" if static.cuda_graphs else "no CUDA graphs",
                     ", compiled" if compile_decode else "",
                 )
@@ -296,7 +300,7 @@ class AREngine:
 
             decoder, max_batch_size = self.fit_fast_decoder(
                 max_batch_size, build, kernels=decode_kernels, shared_slots=shared_slots, device_memory=device_memory,
-                utilization=gpu_memory_utilization,
+                utilization=gpu_memory_utilization, lane_rows=decode_lane_rows,
             )
         self.decoder = decoder or EagerDecoder(loaded.model, ROWS_PER_IMAGE * max_batch_size)
         self.max_batch_size = max_batch_size  # what the decoder holds: admission, status and metrics follow it
@@ -333,6 +337,7 @@ class AREngine:
         shared_slots: bool,
         device_memory: DeviceMemory | None,
         utilization: float,
+        lane_rows: int = 0,
     ) -> tuple[SlotDecoder, int]:
         """``build(rows)`` for ``images`` images, or for as many as the device's memory holds (docs/ar_batching.md,
         "Decode memory"): sized before anything is allocated against ``utilization`` of the device (``device_memory``,
@@ -346,8 +351,10 @@ class AREngine:
         fp8 = any(getattr(m, "weight_scale", None) is not None for m in model.modules())
 
         def workspace(rows: int) -> int:
-            return decode_workspace_bytes(config, rows, positions, dtype_bytes=dtype_bytes, shared_slots=shared_slots,
-                                          kernels=kernels, fp8=fp8)
+            """Of a decoder of ``rows`` slots: its widest step is one of lanes when they may be wider."""
+            widest = lane_rows_for(lane_rows, rows, kernels) if shared_slots else rows
+            return decode_workspace_bytes(config, widest, positions, dtype_bytes=dtype_bytes,
+                                          shared_slots=shared_slots, kernels=kernels, fp8=fp8)
 
         def one_image() -> str:
             rows = ROWS_PER_IMAGE

@@ -112,6 +112,13 @@ class ARSettings(ModelServiceSettings):
         "graphs: a longer start and more memory, which may leave room for fewer images); otherwise each is captured "
         "the first time a step needs it",
     )
+    decode_lane_rows: int = Field(
+        0, ge=0, le=1024,
+        description="with fast_decode: the rows one decode step of lanes (speculative, row_parallel) may run; a "
+        "step's lanes beyond it go in further passes, each reading every weight again. 0 = auto: 64 with "
+        "decode_kernels torch, the decode slots (2 * max_batch_size) with triton, whose row tile follows it (at most "
+        "64); never fewer than the slots",
+    )
     prefix_cache: bool = Field(True, description="prefill the shared system-prompt prefix once and reuse its K/V")
     prefill_memo: int = Field(
         16, ge=0,  # generation.PREFILL_MEMO_ENTRIES (not imported: settings load without torch)

@@ -97,8 +97,8 @@ class SlotDecoder:
     (``release``) when it finishes, fails or is cancelled. A step of streams that feed one token each puts each
     row at its slot (``StaticDecoder.step``); when a stream feeds several (speculative and row-parallel decoding,
     which need a ``StaticDecoder`` built with ``shared_slots``), the rows go in order through ``step_lanes``, in
-    passes of at most the decoder's rows (``_passes``). Each row is rotated at its lane's position and writes its
-    K/V at its lane's cache index, which row-parallel decoding takes in generation order."""
+    passes of at most the decoder's ``lane_rows`` (``_passes``). Each row is rotated at its lane's position and
+    writes its K/V at its lane's cache index, which row-parallel decoding takes in generation order."""
 
     reserve = False
 
@@ -155,14 +155,15 @@ class SlotDecoder:
         return decoding.mode == SEQUENTIAL or self.static.shared_slots
 
     def _passes(self, streams: list[DecodeStream], lanes: list[list[Lane]]) -> list[list[tuple[int, Lane]]]:
-        """The lanes a step feeds, as (stream, lane) in passes of at most the decoder's rows (a guided lane takes two
-        rows, its unconditional one in the same pass). Every lane of a row-parallel stream goes, in as many passes
+        """The lanes a step feeds, as (stream, lane) in passes of at most the decoder's ``lane_rows`` (a guided lane
+        takes two rows, its unconditional one in the same pass). Every lane of a row-parallel stream goes, in as many passes
         as they need: which tokens a row-parallel lane sees is its grid, so it must not depend on the batch-mates
         (a later pass sees the K/V an earlier one wrote, as a lane sees the lanes before it in one pass). Of any
         other stream the first lane goes; the other lanes of speculative streams then fill what the last pass has
         left, one more per stream in turn (drafts: fewer of them means more forwards, never another grid)."""
         width = [2 if s.uncond is not None else 1 for s in streams]
-        if max(width) > self.static.slots:
+        room = self.static.lane_rows
+        if max(width) > room:
             raise RuntimeError("a guided stream needs two rows; the decoder has one")
         passes: list[list[tuple[int, Lane]]] = [[]]
         used = [0]
@@ -170,7 +171,7 @@ class SlotDecoder:
         for b, s in enumerate(streams):
             required = lanes[b] if s.decoding.mode == ROW_PARALLEL else lanes[b][:1]
             for lane in required:
-                if used[-1] + width[b] > self.static.slots:
+                if used[-1] + width[b] > room:
                     passes.append([])
                     used.append(0)
                 passes[-1].append((b, lane))
@@ -180,7 +181,7 @@ class SlotDecoder:
         while growing:
             growing = False
             for b in range(len(streams)):
-                if kept[b] < len(lanes[b]) and used[-1] + width[b] <= self.static.slots:
+                if kept[b] < len(lanes[b]) and used[-1] + width[b] <= room:
                     passes[-1].append((b, lanes[b][kept[b]]))
                     used[-1] += width[b]
                     kept[b] += 1

@@ -65,6 +65,22 @@ def bucket_for(positions: int) -> int:
     return quantum * math.ceil(positions / quantum)
 
 
+#: The rows a step of lanes may run with the torch kernels unless set (``lane_rows_for``). The step reads every
+#: weight once whatever its rows, so a 64-row step of lanes costs little more than a 16-row one; with lanes in
+#: passes of only the slots, 4 row-parallel streams took ~7 passes a step on an H100
+#: (bench/results/h100/saturation-lanes/NOTES.md).
+DEFAULT_LANE_ROWS = 64
+
+
+def lane_rows_for(setting: int, slots: int, kernels: str) -> int:
+    """The ``decode_lane_rows`` setting made concrete for a decoder of ``slots``: never fewer than the slots; 0 (auto)
+    is ``DEFAULT_LANE_ROWS`` with the torch kernels and the slots with the triton ones, whose row tile follows the
+    widest step (a wider tile would slow every step of a few streams)."""
+    if setting:
+        return max(setting, slots)
+    return max(slots, DEFAULT_LANE_ROWS) if kernels == "torch" else slots
+
+
 def resolve_decode_kernels(setting: str, device: torch.device, slots: int, dtype: torch.dtype, fp8: bool = False) -> str:
     """The ``decode_kernels`` setting made concrete: auto is triton on a CUDA device when the triton package
     imports, the slots fit one launch and the kernels compile and run there (``decode_kernels.probe``, at the
@@ -269,14 +285,14 @@ class _TritonLayers:
     """The layers on ``decode_kernels``: attention reads each row's own length on the device, so no length
     bucket is part of a step's shape. ``fold_norms``: each residual linear emits its rows' partial sums of
     squares and the next linear applies the RMSNorm from them (seven launches per layer instead of nine).
-    Every linear computes the decoder's slots as one row tile, whatever rows a step runs: a row's arithmetic is
-    the same beside any batch-mates."""
+    Every linear computes the decoder's rows (``lane_rows``, its slots unless wider) as one row tile, whatever rows
+    a step runs: a row's arithmetic is the same beside any batch-mates."""
 
     bucketed = False
 
     def __init__(self, decoder: StaticDecoder, fold_norms: bool) -> None:
         self.decoder, self.fold = decoder, fold_norms
-        self.tile = decode_kernels.row_tile(decoder.slots)
+        self.tile = decode_kernels.row_tile(decoder.lane_rows)
 
     def start(self, cos, sin, indexes, rows, bucket: int, gather: bool) -> None:
         """As ``_TorchLayers.start``; every row reads its own slot anyway, so ``gather`` changes nothing here."""
@@ -337,6 +353,7 @@ class StaticDecoder:
         kernels: str = "torch",
         fold_norms: bool = False,
         shared_slots: bool = False,
+        lane_rows: int | None = None,
     ) -> None:
         """``compile_mode``: torch.compile's mode for the layer bodies, e.g. "max-autotune-no-cudagraphs" (Inductor
         then times its own matmul kernels against cuBLAS for each shape: slower start). ``kernels``: "torch"
@@ -345,8 +362,11 @@ class StaticDecoder:
         residual linear emits its rows' partial sums of squares and the next linear applies the RMSNorm from
         them, so a layer is seven launches (1% faster per token on an H200, hence off). ``shared_slots``: allow
         ``step_lanes`` (several rows of one slot in a step; the triton kernels read each row's slot anyway, the torch
-        kernels then gather the rows' caches)."""
+        kernels then gather the rows' caches). ``lane_rows``: the rows one step of lanes may run (default: ``slots``),
+        so that the lanes of many streams go in fewer, wider passes; more than ``slots`` needs ``shared_slots``, and
+        with the triton kernels it sets the row tile of every step."""
         config = model.config
+        lane_rows = slots if lane_rows is None else lane_rows
         if slots < 1 or max_positions < 2:
             raise ValueError("StaticDecoder needs at least one slot and two positions")
         if kernels not in ("torch", "triton"):
@@ -355,8 +375,13 @@ class StaticDecoder:
             raise ValueError("kernels='triton' needs the triton package")
         if kernels == "triton" and model.device.type != "cuda" and not decode_kernels.interpreting:
             raise ValueError("kernels='triton' needs a CUDA device")
-        if kernels == "triton" and slots > decode_kernels.MAX_ROWS:
-            raise ValueError(f"kernels='triton' takes at most {decode_kernels.MAX_ROWS} slots")
+        if lane_rows < slots:
+            raise ValueError(f"lane_rows ({lane_rows}) must be at least the slots ({slots})")
+        if lane_rows > slots and not shared_slots:
+            raise ValueError("lane_rows beyond the slots is for steps of lanes: it needs shared_slots=True")
+        if kernels == "triton" and lane_rows > decode_kernels.MAX_ROWS:
+            raise ValueError(f"kernels='triton' takes at most {decode_kernels.MAX_ROWS} rows a step (slots and "
+                             f"lane_rows), got {lane_rows}")
         if fold_norms and kernels != "triton":
             raise ValueError("fold_norms needs kernels='triton'")
         self.kernels, self.fold_norms = kernels, fold_norms
@@ -366,7 +391,8 @@ class StaticDecoder:
         start = config.gen_id_range.start
         free_ints, self._free_floats = draw_columns(((start, start), SamplingParams(1.0, 1, 1.0), 0, 0))
         self._free_row = [start, max_positions - 1, *free_ints]  # and then its slot and its cache index
-        self.slots, self.max_positions, self.full_length = slots, max_positions, full_length
+        self.slots, self.lane_rows = slots, lane_rows
+        self.max_positions, self.full_length = max_positions, full_length
         device, dtype = model.device, model.dtype
         self.device = device
         self.cuda_graphs = cuda_graphs and device.type == "cuda"
@@ -376,13 +402,13 @@ class StaticDecoder:
         shape = (layers, slots, kv_heads, max_positions, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        # The step's inputs, uploaded with one copy per dtype: columns of [slots, 10] int64 (id, RoPE position, then
-        # sample_rows' lo, hi, top_k, seed, step, partner, then the slot whose cache the row reads and writes, and the
-        # cache index it writes at and attends up to) and [slots, 3] float32 (temperature, top_p, guidance). Row r is
-        # slot r's unless lanes share a slot (``step_lanes``); the cache index is the position unless a decoding mode
-        # fills the cache in another order than the raster's (row-parallel decoding).
-        self._long = torch.tensor([self._free_long(r) for r in range(slots)], dtype=torch.long, device=device)
-        self._float = torch.tensor([self._free_floats] * slots, dtype=torch.float32, device=device)
+        # The step's inputs, uploaded with one copy per dtype: columns of [lane_rows, 10] int64 (id, RoPE position,
+        # then sample_rows' lo, hi, top_k, seed, step, partner, then the slot whose cache the row reads and writes,
+        # and the cache index it writes at and attends up to) and [lane_rows, 3] float32 (temperature, top_p,
+        # guidance). Row r is slot r's unless lanes share a slot (``step_lanes``); the cache index is the position
+        # unless a decoding mode fills the cache in another order than the raster's (row-parallel decoding).
+        self._long = torch.tensor([self._free_long(r) for r in range(lane_rows)], dtype=torch.long, device=device)
+        self._float = torch.tensor([self._free_floats] * lane_rows, dtype=torch.float32, device=device)
         self.ids, self.positions = self._long[:, 0], self._long[:, 1]
         self.draws = RowSampling.from_columns(self._long[:, 2:8], self._float)
         self._rows, self.indexes = self._long[:, 8], self._long[:, 9]
@@ -402,7 +428,7 @@ class StaticDecoder:
         self._timed: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._indexes: dict[tuple[int, ...], torch.Tensor] = {}
         pinned = device.type == "cuda"
-        self._host_drawn = torch.zeros(slots, dtype=torch.long, pin_memory=pinned)
+        self._host_drawn = torch.zeros(lane_rows, dtype=torch.long, pin_memory=pinned)
         self._pool: torch.cuda._POOL_HANDLE | None = None  # the type torch.cuda.graph_pool_handle() returns
         self._side: torch.cuda.Stream | None = None  # where captures warm up (_capture)
         with torch.no_grad():
@@ -416,8 +442,9 @@ class StaticDecoder:
         self._kernels(compile)
 
     def _free_long(self, row: int) -> list[int]:
-        """The integer columns of a free row placed at ``row``: it reads row ``row``'s slot, at the scratch position."""
-        return [*self._free_row, row, self.max_positions - 1]
+        """The integer columns of a free row placed at ``row``: it reads slot ``row`` (beyond the slots, a slot's
+        again: rows of lanes), at the scratch position."""
+        return [*self._free_row, row % self.slots, self.max_positions - 1]
 
     def _kernels(self, compile: bool) -> None:
         """The layers' kernel set and the sampler's noise: plain, or with torch.compile where it applies."""
@@ -583,8 +610,8 @@ class StaticDecoder:
         if not (len(slots) == len(ids) == len(positions) == len(draws) == len(indexes)) or not slots:
             raise ValueError("step needs one id, one position, one draw and one cache index per slot")
         if compact:
-            if len(slots) > self.slots:
-                raise ValueError(f"a step runs at most {self.slots} rows; got {len(slots)}")
+            if len(slots) > self.lane_rows:
+                raise ValueError(f"a step of lanes runs at most {self.lane_rows} rows; got {len(slots)}")
             if any(len(draw) > 4 and draw[4] > 1 and not 0 <= draw[5] < len(slots) for draw in draws):
                 raise ValueError("a guided row's partner must be a row of the step")
         elif any(len(draw) > 4 and draw[4] > 1 and draw[5] not in slots for draw in draws):
@@ -628,12 +655,14 @@ class StaticDecoder:
 
     def shape_for(self, slots: list[int], indexes: list[int], lanes: bool = False) -> tuple[int, int, bool]:
         """(bucket, rows, gather) of the step feeding ``slots`` at cache ``indexes``: rows up to the highest slot in use
-        (a power of two), the length bucket covering the furthest index, and whether the torch kernels gather each
-        row's slot (a step of ``lanes``); every slot and the whole cache when ``full_length``."""
+        (a power of two; of a step of ``lanes``, up to its last row, at most ``lane_rows``), the length bucket covering
+        the furthest index, and whether the torch kernels gather each row's slot (a step of ``lanes``); every row and
+        the whole cache when ``full_length``."""
         gather = lanes and self.layers.bucketed
+        most = self.lane_rows if lanes else self.slots
         if self.full_length:
-            return self.max_positions, self.slots, gather
-        rows = min(self.slots, 1 << max(slots).bit_length())
+            return self.max_positions, most, gather
+        rows = min(most, 1 << max(slots).bit_length())
         if not self.layers.bucketed:
             return self.max_positions, rows, gather
         return min(self.max_positions, bucket_for(max(indexes) + 1)), rows, gather
@@ -655,14 +684,15 @@ class StaticDecoder:
             gc.unfreeze()
 
     def graph_keys(self, positions: int, lanes: bool = True) -> list[tuple[int, int, bool]]:
-        """(bucket, rows, gather) of every step shape a batch of streams up to ``positions`` long can take: with the
-        torch kernels and ``shared_slots``, each shape once more for steps of lanes (unless not ``lanes``)."""
-        gathers = (False, True) if lanes and self.shared_slots and self.layers.bucketed else (False,)
-        if self.full_length:
-            return [(self.max_positions, self.slots, gather) for gather in gathers]
-        counts = sorted({min(self.slots, 1 << n) for n in range(self.slots.bit_length() + 1)})
+        """(bucket, rows, gather) of every step shape a batch of streams up to ``positions`` long can take: with
+        ``shared_slots`` (unless not ``lanes``), the shapes of steps of lanes too, up to ``lane_rows`` rows (with the
+        torch kernels each shape once more, gathering)."""
+        shapes = [(rows, False) for rows in self._row_counts(self.slots)]
+        if lanes and self.shared_slots:
+            shapes += [(rows, self.layers.bucketed) for rows in self._row_counts(self.lane_rows)]
+        shapes = list(dict.fromkeys(shapes))
         if not self.layers.bucketed:
-            return [(self.max_positions, rows, False) for rows in counts]
+            return [(self.max_positions, rows, gather) for rows, gather in shapes]
         buckets: list[int] = []
         n = 1
         while n <= min(positions, self.max_positions):
@@ -670,7 +700,16 @@ class StaticDecoder:
             if not buckets or b != buckets[-1]:
                 buckets.append(b)
             n = b + 1
-        return [(bucket, rows, gather) for gather in gathers for rows in counts for bucket in buckets]
+        if self.full_length:
+            buckets = [self.max_positions]
+        return [(bucket, rows, gather) for rows, gather in shapes for bucket in buckets]
+
+    def _row_counts(self, most: int) -> list[int]:
+        """The row counts a step of at most ``most`` rows may run: powers of two and ``most`` (only ``most`` when
+        ``full_length``)."""
+        if self.full_length:
+            return [most]
+        return sorted({min(most, 1 << n) for n in range(most.bit_length() + 1)})
 
     def _capture_all(self, positions: int, lanes: bool) -> int:
         for key in self.graph_keys(positions, lanes):

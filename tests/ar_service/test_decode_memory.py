@@ -26,7 +26,7 @@ from ar_service.model.decode_memory import (
     is_out_of_memory,
     step_workspace_bytes,
 )
-from ar_service.model.static_decode import StaticDecoder
+from ar_service.model.static_decode import StaticDecoder, lane_rows_for
 from ar_service.sampling import SamplingParams
 from ar_service.settings import ARSettings
 from tests.ar_service.test_ar_batching import FakeRenderer, make_engine, wait_done
@@ -156,7 +156,8 @@ def needed(tiny_ar, checkpoint):
 
     def needed(images: int) -> int:
         rows = ROWS_PER_IMAGE * images
-        return rows * per_slot + decode_workspace_bytes(config, rows, positions, dtype_bytes=dtype_bytes,
+        widest = lane_rows_for(0, rows, static.kernels)  # a step of lanes: the decoder's widest
+        return rows * per_slot + decode_workspace_bytes(config, widest, positions, dtype_bytes=dtype_bytes,
                                                         shared_slots=static.shared_slots, kernels=static.kernels)
 
     return needed

@@ -340,7 +340,8 @@ def test_the_slot_decoder_decodes_speculative_lanes_to_the_sequential_grid(tiny_
 def test_the_slot_decoder_decodes_row_parallel_to_the_eager_grid(tiny_ar, kernels, few_splits):
     """Row-parallel lanes in the fixed slots (RoPE at the raster position, K/V at the cache index in generation
     order) draw the eager decoder's grid, guided and not, in the same forwards; with fewer rows than a step's lanes
-    they run in several passes and still draw it; beside a sequential and a speculative stream (batch-mates) too."""
+    they run in several passes and still draw it; with few slots but wide steps of lanes (``lane_rows``) in one
+    pass a forward; beside a sequential and a speculative stream (batch-mates) too."""
     from ar_service.decoding.decoders import SlotDecoder
     from ar_service.model import decode_kernels
     from ar_service.model.static_decode import StaticDecoder
@@ -351,26 +352,33 @@ def test_the_slot_decoder_decodes_row_parallel_to_the_eager_grid(tiny_ar, kernel
     sampling = SamplingParams(1.0, 4, 1.0)
     decoding = Decoding("row_parallel", 2)
 
-    def slot_decoder(slots):
+    def slot_decoder(slots, lane_rows=None):
         return SlotDecoder(StaticDecoder(tiny_ar.model, slots=slots, max_positions=300, kernels=kernels,
-                                         shared_slots=True, full_length=kernels == "torch"))
+                                         shared_slots=True, full_length=kernels == "torch", lane_rows=lane_rows))
 
-    wide, narrow = slot_decoder(16), slot_decoder(6)
-    passes = []
-    step_lanes = narrow.static.step_lanes
-    narrow.static.step_lanes = lambda *args: passes.append(len(args[0])) or step_lanes(*args)
+    def count_passes(decoder):
+        passes = []
+        step_lanes = decoder.static.step_lanes
+        decoder.static.step_lanes = lambda *args: passes.append(len(args[0])) or step_lanes(*args)
+        return passes
+
+    wide, narrow, wide_lanes = slot_decoder(16), slot_decoder(6), slot_decoder(6, lane_rows=16)
+    passes, wide_passes = count_passes(narrow), count_passes(wide_lanes)
     for guidance in (1.0, 3.0):
         eager = grid_of(tiny_ar, sampling, 5, decoding, guidance=guidance, grid=grid)
         sequential = grid_of(tiny_ar, sampling, 5, guidance=guidance, grid=grid)
         # row-parallel conditions on less of the grid: the test can tell it from sequential decoding
         assert not torch.allclose(eager.image_condition, sequential.image_condition, atol=1e-2)
-        for decoder in (wide, narrow):
+        for decoder in (wide, narrow, wide_lanes):
             fast = grid_of(tiny_ar, sampling, 5, decoding, guidance=guidance, decoder=decoder, grid=grid)
             assert fast.token_ids == eager.token_ids
             assert torch.allclose(fast.image_condition, eager.image_condition, atol=1e-4)
             assert fast.forwards == eager.forwards < sequential.forwards
             assert decoder.static.free_slots == decoder.static.slots
     assert max(passes) <= 6 and len(passes) > eager.forwards  # some steps took two passes
+    assert max(wide_passes) <= 16
+    if kernels == "torch":  # the larger grid has steps of more lanes than 6 slots hold: these go in fewer passes
+        assert max(wide_passes) > 6 and len(wide_passes) < len(passes)
 
     def stream(decoder, seed, mode):
         ids = prompt_ids_for(tiny_ar.tokenizer, "a cat on a mat", grid)
@@ -379,7 +387,7 @@ def test_the_slot_decoder_decodes_row_parallel_to_the_eager_grid(tiny_ar, kernel
         decoder.admit(s)
         return s
 
-    for decoder in (wide, narrow):
+    for decoder in (wide, narrow, wide_lanes):
         mates = [stream(decoder, 7, None), stream(decoder, 5, decoding), stream(decoder, 8, Decoding("speculative", 4))]
         decode_together(decoder, mates)
         assert mates[1].tokens == grid_of(tiny_ar, sampling, 5, decoding, guidance=3.0, grid=grid).token_ids
