@@ -280,7 +280,7 @@ class AREngine:
                 static = StaticDecoder(
                     loaded.model, rows, self.max_positions(), compile=compile_decode, full_length=deterministic,
                     compile_mode=compile_decode_mode, kernels=decode_kernels, shared_slots=shared_slots,
-                    lane_rows=lane_rows_for(decode_lane_rows, rows, decode_kernels),
+                    lane_rows=lane_rows_for(decode_lane_rows, rows, decode_kernels, full_length=deterministic),
                 )
                 log.info(
                     "fast decode: %d slots x %d positions (%.2f GiB of K/V), steps of lanes up to %d rows, %s kernels, "
@@ -300,7 +300,7 @@ class AREngine:
 
             decoder, max_batch_size = self.fit_fast_decoder(
                 max_batch_size, build, kernels=decode_kernels, shared_slots=shared_slots, device_memory=device_memory,
-                utilization=gpu_memory_utilization, lane_rows=decode_lane_rows,
+                utilization=gpu_memory_utilization, lane_rows=decode_lane_rows, full_length=deterministic,
             )
         self.decoder = decoder or EagerDecoder(loaded.model, ROWS_PER_IMAGE * max_batch_size)
         self.max_batch_size = max_batch_size  # what the decoder holds: admission, status and metrics follow it
@@ -338,6 +338,7 @@ class AREngine:
         device_memory: DeviceMemory | None,
         utilization: float,
         lane_rows: int = 0,
+        full_length: bool = False,
     ) -> tuple[SlotDecoder, int]:
         """``build(rows)`` for ``images`` images, or for as many as the device's memory holds (docs/ar_batching.md,
         "Decode memory"): sized before anything is allocated against ``utilization`` of the device (``device_memory``,
@@ -352,7 +353,7 @@ class AREngine:
 
         def workspace(rows: int) -> int:
             """Of a decoder of ``rows`` slots: its widest step is one of lanes when they may be wider."""
-            widest = lane_rows_for(lane_rows, rows, kernels) if shared_slots else rows
+            widest = lane_rows_for(lane_rows, rows, kernels, full_length) if shared_slots else rows
             return decode_workspace_bytes(config, widest, positions, dtype_bytes=dtype_bytes,
                                           shared_slots=shared_slots, kernels=kernels, fp8=fp8)
 

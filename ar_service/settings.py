@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from ar_service.edit_image import DEFAULT_EDIT_IMAGE_POSITIONS
@@ -117,7 +117,7 @@ class ARSettings(ModelServiceSettings):
         description="with fast_decode: the rows one decode step of lanes (speculative, row_parallel) may run; a "
         "step's lanes beyond it go in further passes, each reading every weight again. 0 = auto: 64 with "
         "decode_kernels torch, the decode slots (2 * max_batch_size) with triton, whose row tile follows it (at most "
-        "64); never fewer than the slots",
+        "64); never fewer than the slots; with deterministic, the slots (and 0 is the only value it takes)",
     )
     prefix_cache: bool = Field(True, description="prefill the shared system-prompt prefix once and reuse its K/V")
     prefill_memo: int = Field(
@@ -142,3 +142,10 @@ class ARSettings(ModelServiceSettings):
     dit_tls_server_name: str | None = Field(None, description="name to verify dit_service's certificate against")
     log_prompts: bool = Field(False, description="log each request's prompt (off: logs carry lengths, never prompt text)")
     log_level: str = Field("info", description="debug, info, warning or error")
+
+    @model_validator(mode="after")
+    def _lane_rows_need_varying_steps(self) -> ARSettings:
+        if self.deterministic and self.decode_lane_rows:
+            raise ValueError("decode_lane_rows needs deterministic off: deterministic decoding runs every step, plain "
+                             "or of lanes, at the decoder's slots (2 * max_batch_size rows)")
+        return self

@@ -72,13 +72,14 @@ def bucket_for(positions: int) -> int:
 DEFAULT_LANE_ROWS = 64
 
 
-def lane_rows_for(setting: int, slots: int, kernels: str) -> int:
+def lane_rows_for(setting: int, slots: int, kernels: str, full_length: bool = False) -> int:
     """The ``decode_lane_rows`` setting made concrete for a decoder of ``slots``: never fewer than the slots; 0 (auto)
     is ``DEFAULT_LANE_ROWS`` with the torch kernels and the slots with the triton ones, whose row tile follows the
-    widest step (a wider tile would slow every step of a few streams)."""
+    widest step (a wider tile would slow every step of a few streams), or with ``full_length``, where every step
+    runs the slots' rows."""
     if setting:
         return max(setting, slots)
-    return max(slots, DEFAULT_LANE_ROWS) if kernels == "torch" else slots
+    return max(slots, DEFAULT_LANE_ROWS) if kernels == "torch" and not full_length else slots
 
 
 def resolve_decode_kernels(setting: str, device: torch.device, slots: int, dtype: torch.dtype, fp8: bool = False) -> str:
@@ -379,6 +380,9 @@ class StaticDecoder:
             raise ValueError(f"lane_rows ({lane_rows}) must be at least the slots ({slots})")
         if lane_rows > slots and not shared_slots:
             raise ValueError("lane_rows beyond the slots is for steps of lanes: it needs shared_slots=True")
+        if lane_rows > slots and full_length:
+            # a row's arithmetic may depend on its step's row count: every step runs the same rows, or none is wider
+            raise ValueError("full_length runs every step at the slots' rows: lane_rows must be the slots")
         if kernels == "triton" and lane_rows > decode_kernels.MAX_ROWS:
             raise ValueError(f"kernels='triton' takes at most {decode_kernels.MAX_ROWS} rows a step (slots and "
                              f"lane_rows), got {lane_rows}")
@@ -656,12 +660,12 @@ class StaticDecoder:
     def shape_for(self, slots: list[int], indexes: list[int], lanes: bool = False) -> tuple[int, int, bool]:
         """(bucket, rows, gather) of the step feeding ``slots`` at cache ``indexes``: rows up to the highest slot in use
         (a power of two; of a step of ``lanes``, up to its last row, at most ``lane_rows``), the length bucket covering
-        the furthest index, and whether the torch kernels gather each row's slot (a step of ``lanes``); every row and
+        the furthest index, and whether the torch kernels gather each row's slot (a step of ``lanes``); every slot and
         the whole cache when ``full_length``."""
         gather = lanes and self.layers.bucketed
         most = self.lane_rows if lanes else self.slots
         if self.full_length:
-            return self.max_positions, most, gather
+            return self.max_positions, self.slots, gather
         rows = min(most, 1 << max(slots).bit_length())
         if not self.layers.bucketed:
             return self.max_positions, rows, gather

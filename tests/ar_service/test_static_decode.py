@@ -151,28 +151,31 @@ def test_warm_up_captures_every_shape_a_request_can_step_in(setup, shared_slots)
     width (``lane_rows``, beyond the slots here)."""
     tiny_ar, _, _ = setup
     for full_length in (False, True):
+        wide = 24 if shared_slots and not full_length else 8  # full_length: every step at the slots' rows
         static = StaticDecoder(tiny_ar.model, slots=8, max_positions=5000, full_length=full_length,
-                               shared_slots=shared_slots, lane_rows=24 if shared_slots else None)
+                               shared_slots=shared_slots, lane_rows=wide)
         keys = set(static.graph_keys(4500))
         steps = [(slots, False) for slots in ([0], [1], [0, 2], [3], [0, 1, 2, 3, 4], [7], [5, 6])]
         if shared_slots:  # a step of lanes places its rows in the order given: 0 .. n - 1
-            steps += [(list(range(n)), True) for n in (1, 2, 3, 8, 9, 17, 24)]
+            steps += [(list(range(n)), True) for n in (1, 2, 3, 8, 9, 17, 24) if n <= wide]
         for slots, lanes in steps:
             for position in (0, 255, 256, 257, 1056, 2049, 4499):
                 assert static.shape_for(slots, [position] * len(slots), lanes) in keys
         assert any(gather for _, _, gather in keys) == shared_slots
-        assert max(rows for _, rows, _ in keys) == (24 if shared_slots else 8)
+        assert max(rows for _, rows, _ in keys) == wide
 
 
 def test_steps_of_lanes_are_as_wide_as_lane_rows_and_no_wider(setup):
     """A decoder of few slots runs steps of lanes up to its ``lane_rows`` (auto: 64 rows with the torch kernels,
-    the slots with the triton ones, whose row tile follows it), refuses wider ones, and refuses a width it cannot
-    take."""
+    the slots with the triton ones, whose row tile follows it, and when deterministic), refuses wider ones, and
+    refuses a width it cannot take; so does ar_service's settings."""
     from ar_service.model.static_decode import DEFAULT_LANE_ROWS, lane_rows_for
+    from ar_service.settings import ARSettings
 
     tiny_ar, _, _ = setup
     assert lane_rows_for(0, 4, "torch") == DEFAULT_LANE_ROWS == 64 and lane_rows_for(0, 128, "torch") == 128
     assert lane_rows_for(0, 4, "triton") == 4 and lane_rows_for(32, 4, "triton") == 32
+    assert lane_rows_for(0, 4, "torch", full_length=True) == 4
     assert lane_rows_for(8, 16, "torch") == 16  # never fewer than the slots
     static = StaticDecoder(tiny_ar.model, slots=2, max_positions=64, shared_slots=True, lane_rows=6)
     start = tiny_ar.config.gen_vocab_start_index
@@ -185,6 +188,11 @@ def test_steps_of_lanes_are_as_wide_as_lane_rows_and_no_wider(setup):
         StaticDecoder(tiny_ar.model, slots=4, max_positions=64, shared_slots=True, lane_rows=2)
     with pytest.raises(ValueError, match="needs shared_slots"):
         StaticDecoder(tiny_ar.model, slots=2, max_positions=64, lane_rows=4)
+    with pytest.raises(ValueError, match="full_length runs every step at the slots' rows"):
+        StaticDecoder(tiny_ar.model, slots=2, max_positions=64, shared_slots=True, lane_rows=4, full_length=True)
+    assert ARSettings(decode_lane_rows=128).decode_lane_rows == 128
+    with pytest.raises(ValueError, match="decode_lane_rows needs deterministic off"):
+        ARSettings(decode_lane_rows=128, deterministic=True)
 
 
 def test_steps_launched_ahead_change_nothing(setup):
