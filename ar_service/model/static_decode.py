@@ -65,9 +65,9 @@ def bucket_for(positions: int) -> int:
     return quantum * math.ceil(positions / quantum)
 
 
-#: The rows a step of lanes may run with the torch kernels unless set (``lane_rows_for``). The step reads every
-#: weight once whatever its rows, so a 64-row step of lanes costs little more than a 16-row one; with lanes in
-#: passes of only the slots, 4 row-parallel streams took ~7 passes a step on an H100
+#: The rows a step of lanes may run with the torch kernels unless set (``lane_rows_for``). A pass reads every weight
+#: once whatever its rows: on an H100 a torch-kernel step took 9.28 ms at 16 rows and 11.77 at 32 (docs/speed-modes.md),
+#: while in passes of only their 8 slots, 4 row-parallel streams took about 7 passes (55.5 ms) a step
 #: (bench/results/h100/saturation-lanes/NOTES.md).
 DEFAULT_LANE_ROWS = 64
 
@@ -251,6 +251,11 @@ class _TorchLayers:
         self.decoder = decoder
         self.pre, self.attend, self.post = _pre_attention, _attend, _post_attention
         if compile:
+            # The bodies are compiled once per row count (dynamic=False): more row counts than dynamo's default
+            # recompile limit (8) would fail the capture of the widest steps and leave every later one uncompiled,
+            # which happened on an H100 with steps of lanes up to 256 rows (nine row counts).
+            shapes = len(set(decoder.row_counts(decoder.slots)) | set(decoder.row_counts(decoder.lane_rows)))
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, shapes + 1)
             self.pre = torch.compile(_pre_attention, dynamic=False, fullgraph=True, mode=mode)
             self.attend = torch.compile(_attend, dynamic=True, fullgraph=True)
             self.post = torch.compile(_post_attention, dynamic=False, fullgraph=True, mode=mode)
@@ -691,9 +696,9 @@ class StaticDecoder:
         """(bucket, rows, gather) of every step shape a batch of streams up to ``positions`` long can take: with
         ``shared_slots`` (unless not ``lanes``), the shapes of steps of lanes too, up to ``lane_rows`` rows (with the
         torch kernels each shape once more, gathering)."""
-        shapes = [(rows, False) for rows in self._row_counts(self.slots)]
+        shapes = [(rows, False) for rows in self.row_counts(self.slots)]
         if lanes and self.shared_slots:
-            shapes += [(rows, self.layers.bucketed) for rows in self._row_counts(self.lane_rows)]
+            shapes += [(rows, self.layers.bucketed) for rows in self.row_counts(self.lane_rows)]
         shapes = list(dict.fromkeys(shapes))
         if not self.layers.bucketed:
             return [(self.max_positions, rows, gather) for rows, gather in shapes]
@@ -708,7 +713,7 @@ class StaticDecoder:
             buckets = [self.max_positions]
         return [(bucket, rows, gather) for rows, gather in shapes for bucket in buckets]
 
-    def _row_counts(self, most: int) -> list[int]:
+    def row_counts(self, most: int) -> list[int]:
         """The row counts a step of at most ``most`` rows may run: powers of two and ``most`` (only ``most`` when
         ``full_length``)."""
         if self.full_length:

@@ -226,3 +226,15 @@ def test_decode_steps_outside_inference_mode_leave_the_cache_out_of_autograd(set
         assert not hidden.requires_grad
     assert static.k.grad_fn is None and static.v.grad_fn is None
     assert not static.k.requires_grad and not static.v.requires_grad
+
+
+def test_a_compiled_decoder_leaves_dynamo_room_for_every_row_count(setup, monkeypatch):
+    """The layer bodies compile once per row count: a decoder of 4 slots with steps of lanes up to 256 rows has nine
+    (1 to 256), one more than dynamo's default recompile limit, past which its widest steps would run uncompiled."""
+    tiny_ar, _, _ = setup
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    static = StaticDecoder(tiny_ar.model, slots=4, max_positions=64, shared_slots=True, lane_rows=256, compile=True)
+    assert len(set(static.row_counts(4)) | set(static.row_counts(256))) == 9
+    assert torch._dynamo.config.recompile_limit >= 9
+    StaticDecoder(tiny_ar.model, slots=4, max_positions=64, compile=True)
+    assert torch._dynamo.config.recompile_limit >= 9  # never lowered
