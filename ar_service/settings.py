@@ -117,7 +117,7 @@ class ARSettings(ModelServiceSettings):
         description="with fast_decode: the rows one decode step of lanes (speculative, row_parallel) may run; a "
         "step's lanes beyond it go in further passes, each reading every weight again. 0 = auto: 64 with "
         "decode_kernels torch, the decode slots (2 * max_batch_size) with triton, whose row tile follows it (at most "
-        "64); never fewer than the slots; with deterministic, the slots (and 0 is the only value it takes)",
+        "64); never fewer than the slots. With deterministic every step runs the slots' rows: leave it 0",
     )
     prefix_cache: bool = Field(True, description="prefill the shared system-prompt prefix once and reuse its K/V")
     prefill_memo: int = Field(

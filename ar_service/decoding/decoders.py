@@ -156,11 +156,11 @@ class SlotDecoder:
 
     def _passes(self, streams: list[DecodeStream], lanes: list[list[Lane]]) -> list[list[tuple[int, Lane]]]:
         """The lanes a step feeds, as (stream, lane) in passes of at most the decoder's ``lane_rows`` (a guided lane
-        takes two rows, its unconditional one in the same pass). Every lane of a row-parallel stream goes, in as many passes
-        as they need: which tokens a row-parallel lane sees is its grid, so it must not depend on the batch-mates
-        (a later pass sees the K/V an earlier one wrote, as a lane sees the lanes before it in one pass). Of any
-        other stream the first lane goes; the other lanes of speculative streams then fill what the last pass has
-        left, one more per stream in turn (drafts: fewer of them means more forwards, never another grid)."""
+        takes two rows, its unconditional one in the same pass). Every lane of a row-parallel stream goes, in as many
+        passes as they need: which tokens a row-parallel lane sees is its grid, so it must not depend on the
+        batch-mates (a later pass sees the K/V an earlier one wrote, as a lane sees the lanes before it in one pass).
+        Of any other stream the first lane goes; the other lanes of speculative streams then fill what the last pass
+        has left, one more per stream in turn (drafts: fewer of them means more forwards, never another grid)."""
         width = [2 if s.uncond is not None else 1 for s in streams]
         room = self.static.lane_rows
         if max(width) > room:

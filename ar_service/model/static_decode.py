@@ -66,9 +66,9 @@ def bucket_for(positions: int) -> int:
 
 
 #: The rows a step of lanes may run with the torch kernels unless set (``lane_rows_for``). A pass reads every weight
-#: once whatever its rows: on an H100 a torch-kernel step took 9.28 ms at 16 rows and 11.77 at 32 (docs/speed-modes.md),
-#: while in passes of only their 8 slots, 4 row-parallel streams took about 7 passes (55.5 ms) a step
-#: (bench/results/h100/saturation-lanes/NOTES.md).
+#: once whatever its rows: on an H100 a torch-kernel step took 6.95 ms at 2 rows, 9.28 at 32 and 11.77 at 64
+#: (bench/results/h100/verify_torch.json), while in passes of only their 8 slots, 4 row-parallel streams took about
+#: 7 passes (55.5 ms) a step (bench/results/h100/saturation-lanes/NOTES.md).
 DEFAULT_LANE_ROWS = 64
 
 
