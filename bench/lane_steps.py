@@ -87,10 +87,12 @@ def measure(loaded, device: torch.device, mode: str, window: int, streams: int, 
     rows = tokens = taken = 0
     started = time.perf_counter()
     while running and taken < steps:
-        feed = [s for s in running if s.sample()]
-        for s in running:
-            if s not in feed:
-                decoder.release(s)
+        feed = []
+        for stream in running:  # as decode_together: a stream that has drawn its last token gives its slots back
+            if stream.sample():
+                feed.append(stream)
+            else:
+                decoder.release(stream)
         running = feed
         if not feed:
             break
