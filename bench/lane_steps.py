@@ -9,7 +9,7 @@ Why: at 16 clients on an H100 a row-parallel step of about 206 rows took 74 ms o
 device profile gives a step about 0.08 ms a row (bench/results/h100/saturation-wide/NOTES.md). This says how much of
 such a step is the host's. The tiny model (the default) runs on the CPU, where the forward's time is its wall time;
 ``--preview`` builds the Preview shapes with random bf16 weights on CUDA (torch kernels, compiled, every graph
-captured first), where it is the device time of each step's upload and replay (``StaticDecoder.device_timing``).
+captured first), where it is the device time of each step's upload and replay (both: ``StaticDecoder.device_timing``).
 Prints one JSON object (and writes it to --out).
 """
 
@@ -39,30 +39,6 @@ GUIDANCE = 6.0
 PIXELS_PER_TOKEN = 16
 
 
-class ForwardClock:
-    """The time a decoder's forwards took: CUDA events of each step (``device_timing``) on a GPU, the wall time of
-    ``StaticDecoder._forward`` on the CPU (where it runs eagerly, inside the step)."""
-
-    def __init__(self, static: StaticDecoder) -> None:
-        self.static, self.cpu_s = static, 0.0
-        if static.device.type == "cuda":
-            static.device_timing = True
-            return
-        forward = static._forward
-
-        def timed(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return forward(*args, **kwargs)
-            finally:
-                self.cpu_s += time.perf_counter() - started
-
-        static._forward = timed  # type: ignore[method-assign]
-
-    def ms(self) -> float:
-        return self.static.device_ms if self.static.device.type == "cuda" else self.cpu_s * 1000
-
-
 def measure(loaded, device: torch.device, mode: str, window: int, streams: int, lane_rows: int, steps: int,
             size: int) -> dict:
     """Decodes ``streams`` guided images of ``mode`` together for up to ``steps`` steps; returns the split."""
@@ -83,7 +59,7 @@ def measure(loaded, device: torch.device, mode: str, window: int, streams: int, 
                               reserve=False, guidance=GUIDANCE, decoding=decoding)
         decoder.admit(stream)
         running.append(stream)
-    clock = ForwardClock(static)
+    static.device_timing, static.device_ms = True, 0.0
     rows = tokens = taken = 0
     started = time.perf_counter()
     while running and taken < steps:
@@ -103,7 +79,7 @@ def measure(loaded, device: torch.device, mode: str, window: int, streams: int, 
     wall_ms = (time.perf_counter() - started) * 1000
     for stream in running:
         decoder.release(stream)
-    forward_ms = clock.ms()
+    forward_ms = static.device_ms
     return {
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
         "torch": torch.__version__,

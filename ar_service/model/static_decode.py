@@ -40,6 +40,7 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import time
 from typing import NamedTuple
 
 import torch
@@ -430,8 +431,9 @@ class StaticDecoder:
         self.lookahead = False  # see launch_ahead(); set by the owner
         self._ahead: _Ahead | None = None
         self.ahead_taken = self.ahead_wasted = 0  # steps launched ahead and then asked for, or not
-        # Benchmarks set device_timing: the GPU time of each step's upload and replay is then added to device_ms
-        # (CUDA events, read at the step's own wait), to set against the wall time of the token loop.
+        # Benchmarks set device_timing: the device's time of each step's upload and forward is then added to device_ms
+        # (on a GPU CUDA events, read at the step's own wait; on the CPU, where the step runs as it is called, its
+        # wall time), to set against the wall time of the token loop.
         self.device_timing = False
         self.device_ms = 0.0
         self._timed: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
@@ -641,6 +643,7 @@ class StaticDecoder:
         if timed:
             start = torch.cuda.Event(enable_timing=True)
             start.record()
+        started = time.perf_counter() if self.device_timing and not timed else None
         self._long[:rows].copy_(torch.tensor(long_rows, dtype=torch.long))
         self._float[:rows].copy_(torch.tensor(float_rows, dtype=torch.float32))
         if self.cuda_graphs:
@@ -651,6 +654,8 @@ class StaticDecoder:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
             self._timed.append((start, end))
+        elif started is not None:
+            self.device_ms += (time.perf_counter() - started) * 1000
         # Copies, made in stream order before any later step overwrites a graph's output buffers. The row index
         # lives on the device already: an index built from a host list is a pageable upload, which waits for the
         # device to finish everything queued before it.
