@@ -92,9 +92,11 @@ def step_workspace_bytes(
       heads * head_dim, which in Dev is not the hidden size; q/k/v biases and the norms' weights are weights, held
       before the decoder is sized, not a step's intermediates);
     - attention, torch kernels: the float32 scores, masked scores and softmax (3 heads * bucket * 4) and the
-      probabilities in the model dtype (heads * bucket * s); with ``shared_slots`` the rows' K and V gathered over
-      the bucket (2 kv_heads * bucket * D * s). Triton kernels: the split-K partial results in float32
-      (kv_heads * decode_kernels.ATTENTION_SPLITS * (G D + 2 G) * 4, G the query group padded to 16 or more);
+      probabilities in the model dtype (heads * bucket * s); with ``shared_slots`` the larger of the rows' K and V
+      gathered over the bucket (2 kv_heads * bucket * D * s) and the triton attention's partial results (below),
+      whichever way a step of lanes reads its rows' slots (``StaticDecoder``'s ``lane_attention``). Triton kernels:
+      the split-K partial results in float32 (kv_heads * decode_kernels.ATTENTION_SPLITS * (G D + 2 G) * 4, G the
+      query group padded to 16 or more);
     - the MLP: the fused gate/up output (2 F s), SiLU(gate) and the product (2 F s);
     - the generation head's logits (V s) and the sampler's copies of them (SAMPLER_FLOAT_COPIES float32 copies,
       the int64 sort order, two boolean masks).
@@ -111,13 +113,14 @@ def step_workspace_bytes(
     projections = (q + 2 * kv) * s + 3 * (q + kv) * s
     if config.qk_norm and kernels != "triton":
         projections += (q + kv) * (2 * 4 + 2 * s)
+    group = max(16, 1 << (heads // kv_heads - 1).bit_length())
+    splits = kv_heads * decode_kernels.ATTENTION_SPLITS * (group * d + 2 * group) * 4
     if kernels == "triton":
-        group = max(16, 1 << (heads // kv_heads - 1).bit_length())
-        attention = kv_heads * decode_kernels.ATTENTION_SPLITS * (group * d + 2 * group) * 4
+        attention = splits
     else:
         attention = 3 * heads * bucket * 4 + heads * bucket * s
         if shared_slots:
-            attention += 2 * kv_heads * bucket * d * s
+            attention += max(2 * kv_heads * bucket * d * s, splits)
     mlp = 4 * f * s
     sampler = v * s + SAMPLER_FLOAT_COPIES * v * 4 + v * 8 + 2 * v
     per_row = stream + projections + attention + mlp + sampler

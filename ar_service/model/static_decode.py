@@ -243,13 +243,16 @@ class _Ahead:
 class _TorchLayers:
     """The layers on cuBLAS and torch's kernels, the bodies fused by torch.compile when ``compile``. Attention
     runs over the first ``bucket`` cached positions with a per-row mask, so the bucket is part of a step's shape.
-    Row r reads slot r's cache (a view of the first rows), or, in a step of lanes (``gather``), its own slot's,
-    gathered for the step (a copy per layer)."""
+    Row r reads slot r's cache (a view of the first rows). In a step of lanes (``gather``) it reads its own slot's:
+    gathered for the step (a copy per layer), or with ``lane_attention`` "triton" read in place by
+    ``decode_kernels.attention`` over the row's own length, so such a step has no length bucket either."""
 
     bucketed = True
 
-    def __init__(self, decoder: StaticDecoder, compile: bool, mode: str) -> None:
+    def __init__(self, decoder: StaticDecoder, compile: bool, mode: str, lane_attention: str = "gather") -> None:
         self.decoder = decoder
+        self.direct_lanes = lane_attention == "triton"
+        self.lanes_bucketed = not self.direct_lanes
         self.pre, self.attend, self.post = _pre_attention, _attend, _post_attention
         if compile:
             # The bodies are compiled once per row count (dynamic=False): more row counts than dynamo's default
@@ -264,6 +267,13 @@ class _TorchLayers:
     def start(self, cos, sin, indexes, rows, bucket: int, gather: bool) -> None:
         """Takes the step's per-row inputs (cos/sin [P, 1, D], cache indexes [P], slots [P]) before the first layer."""
         self.cos, self.sin, self.indexes, self.rows, self.bucket, self.gather = cos, sin, indexes, rows, bucket, gather
+        if gather and self.direct_lanes:
+            config = self.decoder.config
+            # the kernel reads plain [P] vectors, and its split results need scratch of their own
+            self.indexes, self.rows = indexes.contiguous(), rows.contiguous()
+            self.workspace = decode_kernels.attention_workspace(
+                rows.shape[0], config.num_key_value_heads, config.num_attention_heads // config.num_key_value_heads,
+                config.head_dim, self.decoder.device)
 
     def layer(self, i: int, weights: tuple, x: torch.Tensor) -> torch.Tensor:
         n1, e1, qkv_w, qkv_b, ow, n2, e2, gate_up_w, dw = weights
@@ -273,12 +283,17 @@ class _TorchLayers:
                            config.num_key_value_heads, None if scales is None else scales[0], extras.qk_norm)
         d.k[i][self.rows, :, self.indexes] = k
         d.v[i][self.rows, :, self.indexes] = v
-        if self.gather:
-            keys = d.k[i][:, :, : self.bucket].index_select(0, self.rows)
-            values = d.v[i][:, :, : self.bucket].index_select(0, self.rows)
+        scale = 1.0 / math.sqrt(config.head_dim)
+        if self.gather and self.direct_lanes:
+            attn = decode_kernels.attention(q.contiguous(), d.k[i], d.v[i], self.indexes, self.rows, scale,
+                                            self.workspace, d.max_positions - 1)
         else:
-            keys, values = d.k[i, :p, :, : self.bucket], d.v[i, :p, :, : self.bucket]
-        attn = self.attend(q, keys, values, self.indexes, 1.0 / math.sqrt(config.head_dim))
+            if self.gather:
+                keys = d.k[i][:, :, : self.bucket].index_select(0, self.rows)
+                values = d.v[i][:, :, : self.bucket].index_select(0, self.rows)
+            else:
+                keys, values = d.k[i, :p, :, : self.bucket], d.v[i, :p, :, : self.bucket]
+            attn = self.attend(q, keys, values, self.indexes, scale)
         return self.post(x, attn, ow, n2, e2, gate_up_w, dw, None if scales is None else scales[1:], extras.o_bias)
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -295,7 +310,7 @@ class _TritonLayers:
     Every linear computes the decoder's rows (``lane_rows``, its slots unless wider) as one row tile, whatever rows
     a step runs: a row's arithmetic is the same beside any batch-mates."""
 
-    bucketed = False
+    bucketed = lanes_bucketed = False
 
     def __init__(self, decoder: StaticDecoder, fold_norms: bool) -> None:
         self.decoder, self.fold = decoder, fold_norms
@@ -361,6 +376,7 @@ class StaticDecoder:
         fold_norms: bool = False,
         shared_slots: bool = False,
         lane_rows: int | None = None,
+        lane_attention: str = "auto",
     ) -> None:
         """``compile_mode``: torch.compile's mode for the layer bodies, e.g. "max-autotune-no-cudagraphs" (Inductor
         then times its own matmul kernels against cuBLAS for each shape: slower start). ``kernels``: "torch"
@@ -371,7 +387,11 @@ class StaticDecoder:
         ``step_lanes`` (several rows of one slot in a step; the triton kernels read each row's slot anyway, the torch
         kernels then gather the rows' caches). ``lane_rows``: the rows one step of lanes may run (default: ``slots``),
         so that the lanes of many streams go in fewer, wider passes; more than ``slots`` needs ``shared_slots``, and
-        with the triton kernels it sets the row tile of every step."""
+        with the triton kernels it sets the row tile of every step. ``lane_attention`` (torch kernels, steps of lanes):
+        "gather" copies each row's slot out of the cache for the step (every layer, every row: at 256 rows of a 2,558-
+        position Preview cache about 1.3 GB a layer, written and read again), "triton" has ``decode_kernels.attention``
+        read each row's slot in place over its own length (one graph per row count, no length buckets); "auto" is
+        triton on a CUDA device where the triton package imports, else gather."""
         config = model.config
         lane_rows = slots if lane_rows is None else lane_rows
         if slots < 1 or max_positions < 2:
@@ -394,6 +414,14 @@ class StaticDecoder:
                              f"lane_rows), got {lane_rows}")
         if fold_norms and kernels != "triton":
             raise ValueError("fold_norms needs kernels='triton'")
+        if lane_attention not in ("auto", "gather", "triton"):
+            raise ValueError(f"lane_attention must be 'auto', 'gather' or 'triton', not {lane_attention!r}")
+        if lane_attention == "auto":
+            lane_attention = "triton" if decode_kernels.available and model.device.type == "cuda" else "gather"
+        elif lane_attention == "triton" and not (decode_kernels.available and (
+                model.device.type == "cuda" or decode_kernels.interpreting)):
+            raise ValueError("lane_attention='triton' needs the triton package and a CUDA device")
+        self.lane_attention = lane_attention
         self.kernels, self.fold_norms = kernels, fold_norms
         self.model, self.config = model, config
         # A free row: the first id a step may draw and take (config.gen_id_range) at the scratch position, drawing a
@@ -464,7 +492,7 @@ class StaticDecoder:
         if self.kernels == "triton":
             self.layers = _TritonLayers(self, self.fold_norms)
         else:
-            self.layers = _TorchLayers(self, compile, self.compile_mode)
+            self.layers = _TorchLayers(self, compile, self.compile_mode, self.lane_attention)
         # Of the sampler only the noise (integer hashing, elementwise) is compiled: Inductor (torch 2.11) fails on
         # its sort/scan/argmax ("NYI TritonSplitDimKernel reductions"); those run unfused inside the graph.
         self._noise = torch.compile(gumbel_noise, dynamic=False, fullgraph=True) if compile else gumbel_noise
@@ -670,14 +698,15 @@ class StaticDecoder:
     def shape_for(self, slots: list[int], indexes: list[int], lanes: bool = False) -> tuple[int, int, bool]:
         """(bucket, rows, gather) of the step feeding ``slots`` at cache ``indexes``: rows up to the highest slot in use
         (a power of two; of a step of ``lanes``, up to its last row, at most ``lane_rows``), the length bucket covering
-        the furthest index, and whether the torch kernels gather each row's slot (a step of ``lanes``); every slot and
-        the whole cache when ``full_length``."""
+        the furthest index (none: the whole cache, where attention reads each row's own length), and whether the
+        torch kernels run it as a step of lanes (each row reading its own slot); every slot and the whole cache when
+        ``full_length``."""
         gather = lanes and self.layers.bucketed
         most = self.lane_rows if lanes else self.slots
         if self.full_length:
             return self.max_positions, self.slots, gather
         rows = min(most, 1 << max(slots).bit_length())
-        if not self.layers.bucketed:
+        if not self._bucketed(gather):
             return self.max_positions, rows, gather
         return min(self.max_positions, bucket_for(max(indexes) + 1)), rows, gather
 
@@ -700,13 +729,12 @@ class StaticDecoder:
     def graph_keys(self, positions: int, lanes: bool = True) -> list[tuple[int, int, bool]]:
         """(bucket, rows, gather) of every step shape a batch of streams up to ``positions`` long can take: with
         ``shared_slots`` (unless not ``lanes``), the shapes of steps of lanes too, up to ``lane_rows`` rows (with the
-        torch kernels each shape once more, gathering)."""
+        torch kernels each row count once more, as a step of lanes: per bucket when gathering, once with
+        ``lane_attention`` "triton")."""
         shapes = [(rows, False) for rows in self.row_counts(self.slots)]
         if lanes and self.shared_slots:
             shapes += [(rows, self.layers.bucketed) for rows in self.row_counts(self.lane_rows)]
         shapes = list(dict.fromkeys(shapes))
-        if not self.layers.bucketed:
-            return [(self.max_positions, rows, gather) for rows, gather in shapes]
         buckets: list[int] = []
         n = 1
         while n <= min(positions, self.max_positions):
@@ -716,7 +744,14 @@ class StaticDecoder:
             n = b + 1
         if self.full_length:
             buckets = [self.max_positions]
-        return [(bucket, rows, gather) for rows, gather in shapes for bucket in buckets]
+        return [(bucket, rows, gather) for rows, gather in shapes
+                for bucket in (buckets if self._bucketed(gather) else [self.max_positions])]
+
+    def _bucketed(self, gather: bool) -> bool:
+        """Whether a step's shape has a length bucket: the torch kernels' attention over the first positions of the
+        rows' caches does; the triton kernels' attention (and, with ``lane_attention`` "triton", a step of lanes on
+        the torch kernels) reads each row's own length, so one graph serves every length."""
+        return self.layers.lanes_bucketed if gather else self.layers.bucketed
 
     def row_counts(self, most: int) -> list[int]:
         """The row counts a step of at most ``most`` rows may run: powers of two and ``most`` (only ``most`` when

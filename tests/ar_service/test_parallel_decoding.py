@@ -336,19 +336,21 @@ def test_the_slot_decoder_decodes_speculative_lanes_to_the_sequential_grid(tiny_
                                  sampling, 1, reserve=False, decoding=Decoding("speculative", 4)))
 
 
-@pytest.mark.parametrize("kernels", ["torch", "triton"])
-def test_the_slot_decoder_decodes_row_parallel_to_the_eager_grid(tiny_ar, kernels, few_splits):
+@pytest.mark.parametrize(("kernels", "lane_attention"), [("torch", "gather"), ("torch", "triton"), ("triton", "auto")])
+def test_the_slot_decoder_decodes_row_parallel_to_the_eager_grid(tiny_ar, kernels, lane_attention, few_splits):
     """Row-parallel lanes in the fixed slots (RoPE at the raster position, K/V at the cache index in generation
     order) draw the eager decoder's grid, guided and not, in the same forwards; with fewer rows than a step's lanes
     they run in several passes and still draw it; with few slots but wide steps of lanes (``lane_rows``) in one
-    pass a forward; beside a sequential and a speculative stream (batch-mates) too."""
+    pass a forward; beside a sequential and a speculative stream (batch-mates) too. The torch kernels' steps of
+    lanes gather each row's slot or have the triton attention read it in place (``lane_attention``)."""
     from ar_service.decoding.decoders import SlotDecoder
     from ar_service.model import decode_kernels
     from ar_service.model.static_decode import StaticDecoder
 
-    if kernels == "triton" and not decode_kernels.available:
+    if "triton" in (kernels, lane_attention) and not decode_kernels.available:
         pytest.skip("triton is not installed (no wheel for this platform)")
-    grid = GRID if kernels == "torch" else grid_for_size(64, 48, 16)
+    # Triton's kernels run interpreted on the CPU, so they get a smaller grid
+    grid = GRID if "triton" not in (kernels, lane_attention) else grid_for_size(64, 48, 16)
     sampling = SamplingParams(1.0, 4, 1.0)
     decoding = Decoding("row_parallel", 2)
 
@@ -357,7 +359,7 @@ def test_the_slot_decoder_decodes_row_parallel_to_the_eager_grid(tiny_ar, kernel
         # steps of lanes cannot have it
         return SlotDecoder(StaticDecoder(tiny_ar.model, slots=slots, max_positions=300, kernels=kernels,
                                          shared_slots=True, full_length=kernels == "torch" and lane_rows is None,
-                                         lane_rows=lane_rows))
+                                         lane_rows=lane_rows, lane_attention=lane_attention))
 
     def count_passes(decoder):
         passes = []
@@ -380,7 +382,7 @@ def test_the_slot_decoder_decodes_row_parallel_to_the_eager_grid(tiny_ar, kernel
             assert decoder.static.free_slots == decoder.static.slots
     assert max(passes) <= 6 and len(passes) > eager.forwards  # some steps took two passes
     assert max(wide_passes) <= 16
-    if kernels == "torch":  # the larger grid has steps of more lanes than 6 slots hold: these go in fewer passes
+    if grid == GRID:  # the larger grid has steps of more lanes than 6 slots hold: these go in fewer passes
         assert max(wide_passes) > 6 and len(wide_passes) < len(passes)
 
     def stream(decoder, seed, mode):

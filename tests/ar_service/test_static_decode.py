@@ -165,6 +165,41 @@ def test_warm_up_captures_every_shape_a_request_can_step_in(setup, shared_slots)
         assert max(rows for _, rows, _ in keys) == wide
 
 
+def test_steps_of_lanes_reading_their_slots_in_place_have_no_length_buckets(setup, monkeypatch):
+    """With ``lane_attention`` "triton" (the CUDA default where triton imports) a step of lanes on the torch kernels
+    reads each row's slot in place over its own length: one graph per row count instead of one per row count and
+    length bucket, and the same tokens and states as gathering each row's slot (the kernel runs interpreted here).
+    On the CPU auto gathers; an unknown way is refused."""
+    if not decode_kernels.available:
+        pytest.skip("triton is not installed (no wheel for this platform)")
+    monkeypatch.setattr(decode_kernels, "ATTENTION_SPLITS", 2)  # the interpreter runs programs one by one
+    tiny_ar, _, _ = setup
+    built = {way: StaticDecoder(tiny_ar.model, slots=2, max_positions=700, shared_slots=True, lane_rows=4,
+                                lane_attention=way) for way in ("gather", "triton")}
+    assert StaticDecoder(tiny_ar.model, slots=2, max_positions=64).lane_attention == "gather"
+    with pytest.raises(ValueError, match="lane_attention must be 'auto', 'gather' or 'triton'"):
+        StaticDecoder(tiny_ar.model, slots=2, max_positions=64, lane_attention="paged")
+    lanes = {way: [key for key in static.graph_keys(650) if key[2]] for way, static in built.items()}
+    assert sorted(rows for _, rows, _ in lanes["triton"]) == [1, 2, 4]
+    assert {bucket for bucket, _, _ in lanes["triton"]} == {700}
+    assert len(lanes["gather"]) == 3 * len({bucket for bucket, _, _ in lanes["gather"]}) > 3
+    assert built["triton"].shape_for([0, 1, 2], [5, 300, 6], lanes=True) == (700, 4, True)
+    assert built["gather"].shape_for([0, 1, 2], [5, 300, 6], lanes=True) == (320, 4, True)
+    # Two streams' caches filled by plain steps, then steps of lanes: two rows of slot 0 and one of slot 1
+    start = tiny_ar.config.gen_vocab_start_index
+    draw = ((start, start + 8), SamplingParams(), 0, 0)
+    results = {}
+    for way, static in built.items():
+        for position in range(300):
+            static.step([0, 1], [start + position % 7, start + position % 5], [position, position], [draw, draw])
+        got = [static.step_lanes([0, 0, 1], [start + 1, start + 2, start + 3], [300 + n, 301 + n, 300 + n],
+                                 [draw] * 3) for n in (0, 2)]
+        results[way] = got
+    for (tokens, hidden), (tokens_gathered, hidden_gathered) in zip(results["triton"], results["gather"]):
+        assert tokens == tokens_gathered
+        torch.testing.assert_close(hidden, hidden_gathered, rtol=1e-4, atol=1e-5)
+
+
 def test_steps_of_lanes_are_as_wide_as_lane_rows_and_no_wider(setup):
     """A decoder of few slots runs steps of lanes up to its ``lane_rows`` (auto: 64 rows with the torch kernels,
     the slots with the triton ones, whose row tile follows it, and when deterministic), refuses wider ones, and

@@ -38,3 +38,24 @@ def test_impossible_runs_are_refused():
         lane_steps.parse_args(["--streams", "0"])
     with pytest.raises(SystemExit):
         lane_steps.parse_args(["--mode", "fastest"])
+    with pytest.raises(SystemExit):
+        lane_steps.parse_args(["--profile", "-1"])
+
+
+def test_profiled_steps_follow_the_measured_ones_and_share_out_their_time():
+    report = lane_steps.main(["--streams", "2", "--size", "64", "--steps", "4", "--profile", "2"])
+    assert report["steps"] == 4
+    profile = report["profile"]
+    # on the CPU no kernel is attributed: the operators are listed by their self CPU time
+    assert profile["steps"] == 2 and profile["sorted_by"] == "self_cpu_time" and profile["total_ms_per_step"] > 0
+    entries = profile["entries"]
+    assert 0 < len(entries) <= lane_steps.PROFILE_ENTRIES
+    assert all(0 < entry["share"] <= 1 and entry["calls"] > 0 for entry in entries)
+    assert sum(entry["share"] for entry in entries) <= 1
+    assert all(len(entry["name"]) <= lane_steps.PROFILE_NAME_CHARS for entry in entries)
+    assert any("mm" in entry["name"] or "linear" in entry["name"] for entry in entries)
+
+
+def test_no_profile_unless_asked():
+    report = lane_steps.main(["--streams", "1", "--size", "64", "--steps", "2"])
+    assert "profile" not in report
