@@ -192,10 +192,9 @@ def test_steps_of_lanes_reading_their_slots_in_place_have_no_length_buckets(setu
     for way, static in built.items():
         for position in range(300):
             static.step([0, 1], [start + position % 7, start + position % 5], [position, position], [draw, draw])
-        got = [static.step_lanes([0, 0, 1], [start + 1, start + 2, start + 3], [300 + n, 301 + n, 300 + n],
-                                 [draw] * 3) for n in (0, 2)]
-        results[way] = got
-    for (tokens, hidden), (tokens_gathered, hidden_gathered) in zip(results["triton"], results["gather"]):
+        results[way] = [static.step_lanes([0, 0, 1], [start + 1, start + 2, start + 3], [300 + n, 301 + n, 300 + n],
+                                          [draw] * 3) for n in (0, 2)]
+    for (tokens, hidden), (tokens_gathered, hidden_gathered) in zip(results["triton"], results["gather"], strict=True):
         assert tokens == tokens_gathered
         torch.testing.assert_close(hidden, hidden_gathered, rtol=1e-4, atol=1e-5)
 
