@@ -385,7 +385,7 @@ class StaticDecoder:
         residual linear emits its rows' partial sums of squares and the next linear applies the RMSNorm from
         them, so a layer is seven launches (1% faster per token on an H200, hence off). ``shared_slots``: allow
         ``step_lanes`` (several rows of one slot in a step; the triton kernels read each row's slot anyway, the torch
-        kernels then gather the rows' caches). ``lane_rows``: the rows one step of lanes may run (default: ``slots``),
+        kernels then read it as ``lane_attention`` says). ``lane_rows``: the rows one step of lanes may run (default: ``slots``),
         so that the lanes of many streams go in fewer, wider passes; more than ``slots`` needs ``shared_slots``, and
         with the triton kernels it sets the row tile of every step. ``lane_attention`` (torch kernels, steps of lanes):
         "gather" copies each row's slot out of the cache for the step (every layer, every row: at 256 rows of a 2,558-
@@ -450,8 +450,8 @@ class StaticDecoder:
         self.ids, self.positions = self._long[:, 0], self._long[:, 1]
         self.draws = RowSampling.from_columns(self._long[:, 2:8], self._float)
         self._rows, self.indexes = self._long[:, 8], self._long[:, 9]
-        # Whether a step's rows may read another row's slot (lanes): the torch kernels then gather each row's
-        # cache instead of viewing the first rows' (a copy per layer, in graphs of their own), so it is asked for at
+        # Whether a step's rows may read another row's slot (lanes): the torch kernels then read each row's own slot
+        # instead of viewing the first rows' (gathered or in place, in graphs of their own), so it is asked for at
         # construction.
         self.shared_slots = shared_slots
         self._free = list(range(slots))
