@@ -391,7 +391,8 @@ class StaticDecoder:
         "gather" copies each row's slot out of the cache for the step (every layer, every row: at 256 rows of a 2,558-
         position Preview cache about 1.3 GB a layer, written and read again), "triton" has ``decode_kernels.attention``
         read each row's slot in place over its own length (one graph per row count, no length buckets); "auto" is
-        triton on a CUDA device where the triton package imports, else gather."""
+        triton on a CUDA device where the triton package imports, else gather, and gather with ``full_length``, whose
+        steps of lanes must do the plain steps' arithmetic (so that speculative lanes draw the sequential grid)."""
         config = model.config
         lane_rows = slots if lane_rows is None else lane_rows
         if slots < 1 or max_positions < 2:
@@ -417,10 +418,14 @@ class StaticDecoder:
         if lane_attention not in ("auto", "gather", "triton"):
             raise ValueError(f"lane_attention must be 'auto', 'gather' or 'triton', not {lane_attention!r}")
         if lane_attention == "auto":
-            lane_attention = "triton" if decode_kernels.available and model.device.type == "cuda" else "gather"
+            direct = decode_kernels.available and model.device.type == "cuda" and not full_length
+            lane_attention = "triton" if direct else "gather"
         elif lane_attention == "triton" and not (decode_kernels.available and (
                 model.device.type == "cuda" or decode_kernels.interpreting)):
             raise ValueError("lane_attention='triton' needs the triton package and a CUDA device")
+        elif lane_attention == "triton" and full_length:
+            raise ValueError("full_length steps of lanes attend as every other step does: lane_attention must be "
+                             "'gather' or 'auto'")
         self.lane_attention = lane_attention
         self.kernels, self.fold_norms = kernels, fold_norms
         self.model, self.config = model, config

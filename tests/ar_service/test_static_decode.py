@@ -169,7 +169,8 @@ def test_steps_of_lanes_reading_their_slots_in_place_have_no_length_buckets(setu
     """With ``lane_attention`` "triton" (the CUDA default where triton imports) a step of lanes on the torch kernels
     reads each row's slot in place over its own length: one graph per row count instead of one per row count and
     length bucket, and the same tokens and states as gathering each row's slot (the kernel runs interpreted here).
-    On the CPU auto gathers; an unknown way is refused."""
+    On the CPU auto gathers; so does ``full_length`` (deterministic decoding), where a step of lanes must attend as
+    the plain steps do; an unknown way is refused."""
     if not decode_kernels.available:
         pytest.skip("triton is not installed (no wheel for this platform)")
     monkeypatch.setattr(decode_kernels, "ATTENTION_SPLITS", 2)  # the interpreter runs programs one by one
@@ -179,6 +180,8 @@ def test_steps_of_lanes_reading_their_slots_in_place_have_no_length_buckets(setu
     assert StaticDecoder(tiny_ar.model, slots=2, max_positions=64).lane_attention == "gather"
     with pytest.raises(ValueError, match="lane_attention must be 'auto', 'gather' or 'triton'"):
         StaticDecoder(tiny_ar.model, slots=2, max_positions=64, lane_attention="paged")
+    with pytest.raises(ValueError, match="full_length steps of lanes attend as every other step does"):
+        StaticDecoder(tiny_ar.model, slots=2, max_positions=64, full_length=True, lane_attention="triton")
     lanes = {way: [key for key in static.graph_keys(650) if key[2]] for way, static in built.items()}
     assert sorted(rows for _, rows, _ in lanes["triton"]) == [1, 2, 4]
     assert {bucket for bucket, _, _ in lanes["triton"]} == {700}
