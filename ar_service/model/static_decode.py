@@ -268,12 +268,9 @@ class _TorchLayers:
         """Takes the step's per-row inputs (cos/sin [P, 1, D], cache indexes [P], slots [P]) before the first layer."""
         self.cos, self.sin, self.indexes, self.rows, self.bucket, self.gather = cos, sin, indexes, rows, bucket, gather
         if gather and self.direct_lanes:
-            config = self.decoder.config
             # the kernel reads plain [P] vectors, and its split results need scratch of their own
             self.indexes, self.rows = indexes.contiguous(), rows.contiguous()
-            self.workspace = decode_kernels.attention_workspace(
-                rows.shape[0], config.num_key_value_heads, config.num_attention_heads // config.num_key_value_heads,
-                config.head_dim, self.decoder.device)
+            self.workspace = self.decoder.attention_workspace(rows.shape[0])
 
     def layer(self, i: int, weights: tuple, x: torch.Tensor) -> torch.Tensor:
         n1, e1, qkv_w, qkv_b, ow, n2, e2, gate_up_w, dw = weights
@@ -318,12 +315,9 @@ class _TritonLayers:
 
     def start(self, cos, sin, indexes, rows, bucket: int, gather: bool) -> None:
         """As ``_TorchLayers.start``; every row reads its own slot anyway, so ``gather`` changes nothing here."""
-        config = self.decoder.config
         # The kernels read plain [P, D] and [P] rows.
         self.cos, self.sin, self.indexes, self.rows = cos[:, 0], sin[:, 0], indexes.contiguous(), rows.contiguous()
-        group = config.num_attention_heads // config.num_key_value_heads
-        self.workspace = decode_kernels.attention_workspace(
-            rows.shape[0], config.num_key_value_heads, group, config.head_dim, self.decoder.device)
+        self.workspace = self.decoder.attention_workspace(rows.shape[0])
         self.squares: torch.Tensor | None = None  # of the layer input, when folding; the embedding is normalised by its own launch
 
     def layer(self, i: int, weights: tuple, x: torch.Tensor) -> torch.Tensor:
@@ -751,6 +745,13 @@ class StaticDecoder:
             buckets = [self.max_positions]
         return [(bucket, rows, gather) for rows, gather in shapes
                 for bucket in (buckets if self._bucketed(gather) else [self.max_positions])]
+
+    def attention_workspace(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scratch for ``decode_kernels.attention`` over ``rows`` rows of this model's heads."""
+        config = self.config
+        return decode_kernels.attention_workspace(rows, config.num_key_value_heads,
+                                                  config.num_attention_heads // config.num_key_value_heads,
+                                                  config.head_dim, self.device)
 
     def _bucketed(self, gather: bool) -> bool:
         """Whether a step's shape has a length bucket: the torch kernels' attention over the first positions of the
