@@ -43,6 +43,11 @@ MAX_ROWS = ROW_TILES[-1]
 #: Fixed split of each row's cached positions across programs in attention (flash-decoding): enough programs to
 #: fill the GPU at one row, and fixed so that a row's reduction order depends only on its own length.
 ATTENTION_SPLITS = 32
+#: q rows one program of a step of lanes' attention computes (``lanes_per_group``): the lanes of one slot sharing a
+#: read of its K/V times the heads of a kv head. 64 holds 9 lanes of Preview's 7 heads a kv head, about the most a
+#: row-parallel stream at window 4 feeds in a step on the 32x32 grid (docs/speed-modes.md); a slot with more rows is
+#: read once per 9. (Chosen from those shapes, not tuned on a GPU.)
+LANE_TILE = 64
 
 
 def row_tile(rows: int) -> int:
@@ -348,6 +353,61 @@ if available:
         tl.store(stats_ptr + part * 2 * BLOCK_G + BLOCK_G + g, l_i)
 
     @triton.jit
+    def _attention_lanes_kernel(
+        q_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, group_ptr, acc_ptr, stats_ptr,
+        stride_q, stride_group, stride_slot, stride_head, stride_pos, scale, free_position,
+        GROUP: tl.constexpr, BLOCK_G: tl.constexpr, LANES: tl.constexpr, BLOCK_M: tl.constexpr, D: tl.constexpr,
+        BLOCK_P: tl.constexpr, SPLITS: tl.constexpr,
+    ):
+        """``_attention_split_kernel`` for a group of up to LANES rows of one slot: each K/V block of the split is read
+        once for the q heads of kv head ``kvh`` of all of them (tile row m: lane m // GROUP, head m % GROUP), each
+        tile row masked to its own row's length. The split follows the group's longest row, so a shorter row may see
+        no position in a block (its running max stays -inf, and the shifts use 0 instead). Each row's partials land
+        where the per-row kernel puts them, so the same combine joins them; an empty group stores nothing."""
+        grp = tl.program_id(0)
+        kvh = tl.program_id(1)
+        split = tl.program_id(2)
+        kv_heads = tl.num_programs(1)
+        m = tl.arange(0, BLOCK_M)
+        lane = m // GROUP
+        gi = m % GROUP
+        row = tl.load(group_ptr + grp * stride_group + lane, mask=lane < LANES, other=-1)
+        ok = row >= 0
+        row = tl.where(ok, row, 0)
+        position = tl.load(pos_ptr + row, mask=ok, other=0)
+        length = tl.where(ok, tl.where(position >= free_position, 1, position + 1), 0)  # a free row reads one
+        longest = tl.max(length, axis=0)
+        slot = tl.max(tl.load(slot_ptr + row, mask=ok, other=0), axis=0)  # the group's rows share it
+        chunk = tl.cdiv(longest, SPLITS)
+        start = split * chunk
+        end = tl.minimum(start + chunk, longest)
+        d = tl.arange(0, D)
+        q = tl.load(q_ptr + row[:, None] * stride_q + (kvh * GROUP + gi)[:, None] * D + d[None, :], mask=ok[:, None],
+                    other=0.0)
+        base = slot * stride_slot + kvh * stride_head
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+        for p0 in range(start, end, BLOCK_P):
+            p = p0 + tl.arange(0, BLOCK_P)
+            p_ok = p < end
+            k = tl.load(k_ptr + base + p[:, None] * stride_pos + d[None, :], mask=p_ok[:, None], other=0.0)
+            v = tl.load(v_ptr + base + p[:, None] * stride_pos + d[None, :], mask=p_ok[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k)) * scale
+            s = tl.where(p_ok[None, :] & (p[None, :] < length[:, None]), s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            shift = tl.where(m_new > float("-inf"), m_new, 0.0)  # a row with nothing seen yet: no NaN from -inf - -inf
+            alpha = tl.exp(m_i - shift)
+            probs = tl.exp(s - shift[:, None])
+            l_i = l_i * alpha + tl.sum(probs, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(probs.to(v.dtype), v)
+            m_i = m_new
+        part = (row * kv_heads + kvh) * SPLITS + split
+        tl.store(acc_ptr + (part * BLOCK_G + gi)[:, None] * D + d[None, :], acc, mask=ok[:, None])
+        tl.store(stats_ptr + part * 2 * BLOCK_G + gi, m_i, mask=ok)
+        tl.store(stats_ptr + part * 2 * BLOCK_G + BLOCK_G + gi, l_i, mask=ok)
+
+    @triton.jit
     def _attention_combine_kernel(
         acc_ptr, stats_ptr, out_ptr, stride_out,
         GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
@@ -512,9 +572,15 @@ def rope_write(
 def attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
     scale: float, workspace: tuple[torch.Tensor, torch.Tensor] | None = None, free_position: int | None = None,
+    groups: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Each row's q [P, heads, D] over its slot's cached positions [0, position]: [P, heads * D]. Rows at
-    ``free_position`` or beyond (padding rows, whose output nobody reads) attend to one position only."""
+    ``free_position`` or beyond (padding rows, whose output nobody reads) attend to one position only.
+
+    ``groups`` (``lane_groups``: rows of one slot, every row in exactly one group): each group's programs read its
+    slot's K/V once for all of its rows instead of once per row (a step of lanes, where several rows share a slot).
+    The result equals the per-row read's up to float reordering; the split of a row's positions follows its group's
+    longest row, so a row's bits may change with its group-mates (the per-row read's do not)."""
     p, heads, d = q.shape
     kv_heads = k_cache.shape[1]
     _rows_contiguous(positions, slots)
@@ -523,17 +589,63 @@ def attention(
     if workspace is None:
         workspace = attention_workspace(p, kv_heads, group, d, q.device)
     acc, stats = workspace
-    _attention_split_kernel[(p, kv_heads, ATTENTION_SPLITS)](
-        q, k_cache, v_cache, positions, slots, acc, stats,
-        q.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale,
-        k_cache.shape[2] if free_position is None else free_position,
-        GROUP=group, BLOCK_G=block_g, D=d, BLOCK_P=64, SPLITS=ATTENTION_SPLITS, num_warps=4, num_stages=2,
-    )
+    free_position = k_cache.shape[2] if free_position is None else free_position
+    strides = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale, free_position)
+    if groups is None:
+        _attention_split_kernel[(p, kv_heads, ATTENTION_SPLITS)](
+            q, k_cache, v_cache, positions, slots, acc, stats, q.stride(0), *strides,
+            GROUP=group, BLOCK_G=block_g, D=d, BLOCK_P=64, SPLITS=ATTENTION_SPLITS, num_warps=4, num_stages=2,
+        )
+    else:
+        _launch_lanes(q, k_cache, v_cache, positions, slots, groups, acc, stats, strides, group, block_g)
     out = torch.empty((p, heads * d), dtype=q.dtype, device=q.device)
     _attention_combine_kernel[(p, heads)](
         acc, stats, out, out.stride(0), GROUP=group, BLOCK_G=block_g, D=d, SPLITS=ATTENTION_SPLITS, num_warps=1,
     )
     return out
+
+
+def _launch_lanes(q, k_cache, v_cache, positions, slots, groups, acc, stats, strides, group: int, block_g: int) -> None:
+    """``_attention_lanes_kernel`` over (group, kv head, split): a tile of every q head of a kv head of a group's
+    rows, LANES * GROUP rows padded to a power of two (at least 16, what tl.dot takes)."""
+    if groups.dim() != 2 or groups.dtype != torch.int32 or groups.stride(1) != 1:
+        raise ValueError("groups must be an int32 [groups, lanes] table with contiguous rows (lane_groups)")
+    lanes = groups.shape[1]
+    _attention_lanes_kernel[(groups.shape[0], k_cache.shape[1], ATTENTION_SPLITS)](
+        q, k_cache, v_cache, positions, slots, groups, acc, stats, q.stride(0), groups.stride(0), *strides,
+        GROUP=group, BLOCK_G=block_g, LANES=lanes, BLOCK_M=max(16, triton.next_power_of_2(lanes * group)),
+        D=q.shape[2], BLOCK_P=64, SPLITS=ATTENTION_SPLITS, num_warps=4, num_stages=2,
+    )
+
+
+def lanes_per_group(group: int) -> int:
+    """The rows of one slot that ``attention`` reads the slot once for: as many as LANE_TILE q rows hold."""
+    return max(1, LANE_TILE // group)
+
+
+def lane_groups(slots: torch.Tensor, lanes: int, slot_count: int) -> torch.Tensor:
+    """The rows of a step, by their ``slots`` [P] (each below ``slot_count``), as groups of up to ``lanes`` rows of
+    one slot for ``attention``'s ``groups``: int32 [groups, lanes] row indexes, -1 past a group's rows. Device
+    operations of fixed shapes for a row count (a captured graph recomputes it at each replay, whatever the step's
+    slots); the table holds as many groups as any step of P rows can need (``max_lane_groups``), the rest empty."""
+    p = slots.shape[0]
+    order = torch.sort(slots, stable=True).indices
+    ordered = slots[order]
+    index = torch.arange(p, device=slots.device)
+    first = torch.cat((index[:1] == 0, ordered[1:] != ordered[:-1]))  # the first row of each slot, in slot order
+    within = index - torch.where(first, index, 0).cummax(0).values  # the row's place among its slot's rows
+    group = (within % lanes == 0).cumsum(0) - 1
+    table = torch.full((max_lane_groups(p, lanes, slot_count), lanes), -1, dtype=torch.int32, device=slots.device)
+    table[group, within % lanes] = order.to(torch.int32)
+    return table
+
+
+def max_lane_groups(rows: int, lanes: int, slot_count: int) -> int:
+    """The most groups of up to ``lanes`` rows of one slot that ``rows`` rows over ``slot_count`` slots make: a slot
+    of n rows makes ceil(n / lanes) <= (n + lanes - 1) / lanes of them, and at most min(rows, slot_count) slots have
+    rows. Empty groups still launch their programs, so the table is no larger than that."""
+    used = min(rows, slot_count)
+    return min(rows, (rows + used * (lanes - 1)) // lanes)
 
 
 def attention_workspace(rows: int, kv_heads: int, group: int, d: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -568,6 +680,7 @@ def probe(device: torch.device, dtype: torch.dtype, fp8: bool = False, tile: int
         rows = torch.arange(2, device=device)
         q = rope_write(rand(2, (heads + 2 * kv_heads) * d), rand(2, d), rand(2, d), rows + 3, rows, *cache, heads, kv_heads)
         attention(q, *cache, rows + 3, rows, 0.25)
+        attention(q, *cache, rows + 3, rows, 0.25, groups=lane_groups(rows, 2, 2))
         rope_write(rand(2, (heads + 2 * kv_heads) * d), rand(2, d), rand(2, d), rows + 3, rows, *cache, heads, kv_heads,
                    qk_norm=(rand(2 * d), 1e-6))
         if fp8:

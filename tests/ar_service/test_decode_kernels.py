@@ -149,11 +149,66 @@ def test_rope_write_and_attention_match_the_torch_step(monkeypatch, splits):
     assert torch.isfinite(out[2]).all()
 
 
+@pytest.mark.parametrize(("dtype", "lanes", "splits"), [(torch.float32, 3, 2), (torch.float32, 3, 32),
+                                                        (torch.float32, 1, 2), (torch.float16, 5, 2)])
+def test_a_slots_rows_reading_it_once_attend_as_each_row_reading_it(monkeypatch, dtype, lanes, splits):
+    """Grouped by slot (``lane_groups``), rows attend as they do reading their slot one by one and as the torch step's
+    masked attention does: rows of one slot at other positions (more of them than a group holds, so a group is part
+    empty), a row alone in its slot, free rows at and past the free position (one position read), 3 heads a kv head
+    (lanes * 3 q rows: 3, 9 and 15, no power of two), more splits than a short row has positions."""
+    monkeypatch.setattr(decode_kernels, "ATTENTION_SPLITS", splits)
+    g = torch.Generator().manual_seed(3)
+    heads, kv_heads, d, length, free = 6, 2, 16, 70, 68
+    slots = torch.tensor([1, 0, 1, 1, 2, 1, 0, 3, 1, 2, 0])
+    positions = torch.tensor([10, 3, 67, 40, 7, 0, 20, 66, 55, free, free + 1])
+    q = torch.randn(len(slots), heads, d, generator=g).to(dtype)
+    k_cache = torch.randn(4, kv_heads, length, d, generator=g).to(dtype)
+    v_cache = torch.randn(4, kv_heads, length, d, generator=g).to(dtype)
+    scale = 1 / math.sqrt(d)
+    groups = decode_kernels.lane_groups(slots, lanes, 4)
+
+    per_row = decode_kernels.attention(q, k_cache, v_cache, positions, slots, scale, free_position=free)
+    grouped = decode_kernels.attention(q, k_cache, v_cache, positions, slots, scale, free_position=free, groups=groups)
+    read = torch.where(positions >= free, 0, positions)  # a free row reads position 0 only
+    expected = _attend(q.float(), k_cache[slots].float(), v_cache[slots].float(), read, scale)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(grouped.float(), per_row.float(), **tol)
+    torch.testing.assert_close(grouped.float(), expected, **tol)
+
+
+@pytest.mark.parametrize("lanes", [1, 2, 4])
+def test_lane_groups_hold_every_row_once_with_its_slots_mates(lanes):
+    """Each row is in one group, a group's rows share a slot and are at most ``lanes``, a slot's rows fill as few
+    groups as they can; the table's shape depends on the row count only, and holds the most groups any step of
+    that many rows makes (here: one slot holding all rows but one alone in each other slot)."""
+    g = torch.Generator().manual_seed(4)
+    slot_count, rows = 5, 13
+    most = decode_kernels.max_lane_groups(rows, lanes, slot_count)
+    for slots in [torch.randint(0, slot_count, (rows,), generator=g) for _ in range(4)] + [
+            torch.tensor([0] * (rows - 4) + [1, 2, 3, 4]), torch.arange(rows) % slot_count]:
+        table = decode_kernels.lane_groups(slots, lanes, slot_count)
+        assert table.shape == (most, lanes) and table.dtype == torch.int32
+        members = [[r for r in group if r >= 0] for group in table.tolist()]
+        assert sorted(r for group in members for r in group) == list(range(rows))
+        assert all(len({int(slots[r]) for r in group}) == 1 for group in members if group)
+        counts = torch.bincount(slots, minlength=slot_count).tolist()
+        assert sum(1 for group in members if group) == sum(-(-n // lanes) for n in counts)
+    worst = torch.tensor([0] * (rows - slot_count + 1) + list(range(1, slot_count)))  # one row alone in each other slot
+    assert sum(1 for group in decode_kernels.lane_groups(worst, lanes, slot_count).tolist() if max(group) >= 0) == most
+
+
 def test_kernels_refuse_strided_row_vectors():
     positions = torch.arange(6)[::2]
     with pytest.raises(ValueError, match="contiguous"):
         decode_kernels.attention(torch.zeros(3, 2, 4), torch.zeros(3, 1, 8, 4), torch.zeros(3, 1, 8, 4), positions,
                                  torch.arange(3), 1.0)
+
+
+def test_attention_refuses_a_group_table_it_cannot_read():
+    slots = torch.tensor([0, 0, 1])
+    with pytest.raises(ValueError, match="int32"):
+        decode_kernels.attention(torch.zeros(3, 2, 4), torch.zeros(2, 1, 8, 4), torch.zeros(2, 1, 8, 4),
+                                 torch.tensor([1, 2, 3]), slots, 1.0, groups=decode_kernels.lane_groups(slots, 2, 2).long())
 
 
 def test_linear_retries_with_fewer_stages_when_shared_memory_runs_out(monkeypatch):
