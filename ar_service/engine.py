@@ -286,8 +286,7 @@ class AREngine:
                     "fast decode: %d slots x %d positions (%.2f GiB of K/V), steps of lanes up to %d rows (%s), %s "
                     "kernels, %s%s", rows, static.max_positions,
                     (static.k.numel() + static.v.numel()) * static.k.element_size() / 2**30, static.lane_rows,
-                    "slots read in place" if decode_kernels == "triton" or static.lane_attention == "triton"
-                    else "slots gathered", decode_kernels, "CUDA graphs" if static.cuda_graphs else "no CUDA graphs",
+                    static.lane_read, decode_kernels, "CUDA graphs" if static.cuda_graphs else "no CUDA graphs",
                     ", compiled" if compile_decode else "",
                 )
                 started = time.perf_counter()

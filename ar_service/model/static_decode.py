@@ -66,6 +66,10 @@ def bucket_for(positions: int) -> int:
     return quantum * math.ceil(positions / quantum)
 
 
+#: ``lane_attention`` settings under which the torch kernels' steps of lanes read their slots in place with
+#: ``decode_kernels.attention``: once for all of a slot's rows in the step, or once per row.
+DIRECT_LANE_ATTENTION = ("triton", "triton-rows")
+
 #: The rows a step of lanes may run with the torch kernels unless set (``lane_rows_for``). A pass reads every weight
 #: once whatever its rows: on an H100 a torch-kernel step took 6.95 ms at 2 rows, 9.28 at 32 and 11.77 at 64
 #: (bench/results/h100/verify_torch.json), while in passes of only their 8 slots, 4 row-parallel streams took about
@@ -244,14 +248,16 @@ class _TorchLayers:
     """The layers on cuBLAS and torch's kernels, the bodies fused by torch.compile when ``compile``. Attention
     runs over the first ``bucket`` cached positions with a per-row mask, so the bucket is part of a step's shape.
     Row r reads slot r's cache (a view of the first rows). In a step of lanes (``gather``) it reads its own slot's:
-    gathered for the step (a copy per layer), or with ``lane_attention`` "triton" read in place by
-    ``decode_kernels.attention`` over the row's own length, so such a step has no length bucket either."""
+    gathered for the step (a copy per layer), or read in place by ``decode_kernels.attention`` over the row's own
+    length, so such a step has no length bucket either: with ``lane_attention`` "triton" once for all the step's rows
+    of a slot (``decode_kernels.lane_groups``), with "triton-rows" once per row."""
 
     bucketed = True
 
     def __init__(self, decoder: StaticDecoder, compile: bool, mode: str, lane_attention: str = "gather") -> None:
         self.decoder = decoder
-        self.direct_lanes = lane_attention == "triton"
+        self.direct_lanes = lane_attention in DIRECT_LANE_ATTENTION
+        self.grouped = lane_attention == "triton"
         self.lanes_bucketed = not self.direct_lanes
         self.pre, self.attend, self.post = _pre_attention, _attend, _post_attention
         if compile:
@@ -271,6 +277,7 @@ class _TorchLayers:
             # the kernel reads plain [P] vectors, and its split results need scratch of their own
             self.indexes, self.rows = indexes.contiguous(), rows.contiguous()
             self.workspace = self.decoder.attention_workspace(rows.shape[0])
+            self.groups = self.decoder.lane_groups(self.rows) if self.grouped else None
 
     def layer(self, i: int, weights: tuple, x: torch.Tensor) -> torch.Tensor:
         n1, e1, qkv_w, qkv_b, ow, n2, e2, gate_up_w, dw = weights
@@ -283,7 +290,7 @@ class _TorchLayers:
         scale = 1.0 / math.sqrt(config.head_dim)
         if self.gather and self.direct_lanes:
             attn = decode_kernels.attention(q.contiguous(), d.k[i], d.v[i], self.indexes, self.rows, scale,
-                                            self.workspace, d.max_positions - 1)
+                                            self.workspace, d.max_positions - 1, self.groups)
         else:
             if self.gather:
                 keys = d.k[i][:, :, : self.bucket].index_select(0, self.rows)
@@ -384,9 +391,11 @@ class StaticDecoder:
         with the triton kernels it sets the row tile of every step. ``lane_attention`` (torch kernels, steps of lanes):
         "gather" copies each row's slot out of the cache for the step (every layer, every row: at 256 rows of a 2,558-
         position Preview cache about 1.3 GB a layer, written and read again), "triton" has ``decode_kernels.attention``
-        read each row's slot in place over its own length (one graph per row count, no length buckets); "auto" is
-        triton on a CUDA device where the triton package imports, else gather, and gather with ``full_length``, whose
-        steps of lanes must do the plain steps' arithmetic (so that speculative lanes draw the sequential grid)."""
+        read each slot in place once for all of the step's rows of it (up to ``decode_kernels.lanes_per_group``), each
+        over its own length (one graph per row count, no length buckets); "triton-rows" reads it once per row (the
+        read before, kept to compare); "auto" is triton on a CUDA device where the triton package imports, else
+        gather, and gather with ``full_length``, whose steps of lanes must do the plain steps' arithmetic (so that
+        speculative lanes draw the sequential grid)."""
         config = model.config
         lane_rows = slots if lane_rows is None else lane_rows
         if slots < 1 or max_positions < 2:
@@ -409,15 +418,15 @@ class StaticDecoder:
                              f"lane_rows), got {lane_rows}")
         if fold_norms and kernels != "triton":
             raise ValueError("fold_norms needs kernels='triton'")
-        if lane_attention not in ("auto", "gather", "triton"):
-            raise ValueError(f"lane_attention must be 'auto', 'gather' or 'triton', not {lane_attention!r}")
+        if lane_attention not in ("auto", "gather", *DIRECT_LANE_ATTENTION):
+            raise ValueError(f"lane_attention must be 'auto', 'gather', 'triton' or 'triton-rows', not {lane_attention!r}")
         if lane_attention == "auto":
             direct = decode_kernels.available and model.device.type == "cuda" and not full_length
             lane_attention = "triton" if direct else "gather"
-        elif lane_attention == "triton" and not (decode_kernels.available and (
+        elif lane_attention in DIRECT_LANE_ATTENTION and not (decode_kernels.available and (
                 model.device.type == "cuda" or decode_kernels.interpreting)):
-            raise ValueError("lane_attention='triton' needs the triton package and a CUDA device")
-        elif lane_attention == "triton" and full_length:
+            raise ValueError(f"lane_attention={lane_attention!r} needs the triton package and a CUDA device")
+        elif lane_attention in DIRECT_LANE_ATTENTION and full_length:
             raise ValueError("full_length steps of lanes attend as every other step does: lane_attention must be "
                              "'gather' or 'auto'")
         self.lane_attention = lane_attention
@@ -478,6 +487,15 @@ class StaticDecoder:
         self._layer_extras: list[_LayerExtras] = [extras for _, _, extras in fused]
         self.compile_mode = compile_mode
         self._kernels(compile)
+
+    @property
+    def lane_read(self) -> str:
+        """How a step of lanes reads its rows' slots, in words (the service's start log)."""
+        if self.kernels == "triton" or self.lane_attention == "triton-rows":
+            return "slots read in place, once a row"
+        if self.lane_attention == "triton":
+            return "slots read in place, once for a slot's rows"
+        return "slots gathered"
 
     def _free_long(self, row: int) -> list[int]:
         """The integer columns of a free row placed at ``row``: it reads slot ``row`` (beyond the slots, a slot's
@@ -729,7 +747,7 @@ class StaticDecoder:
         """(bucket, rows, gather) of every step shape a batch of streams up to ``positions`` long can take: with
         ``shared_slots`` (unless not ``lanes``), the shapes of steps of lanes too, up to ``lane_rows`` rows (with the
         torch kernels each row count once more, as a step of lanes: per bucket when gathering, once with
-        ``lane_attention`` "triton")."""
+        ``lane_attention`` "triton" or "triton-rows")."""
         shapes = [(rows, False) for rows in self.row_counts(self.slots)]
         if lanes and self.shared_slots:
             shapes += [(rows, self.layers.bucketed) for rows in self.row_counts(self.lane_rows)]
@@ -746,6 +764,13 @@ class StaticDecoder:
         return [(bucket, rows, gather) for rows, gather in shapes
                 for bucket in (buckets if self._bucketed(gather) else [self.max_positions])]
 
+    def lane_groups(self, rows: torch.Tensor) -> torch.Tensor:
+        """The step's rows (their slots, [P] on the device) as ``decode_kernels.attention``'s groups: the rows of one
+        slot together, as many as one program of this model's heads reads the slot once for."""
+        config = self.config
+        lanes = decode_kernels.lanes_per_group(config.num_attention_heads // config.num_key_value_heads)
+        return decode_kernels.lane_groups(rows, lanes, self.slots)
+
     def attention_workspace(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Scratch for ``decode_kernels.attention`` over ``rows`` rows of this model's heads."""
         config = self.config
@@ -755,8 +780,8 @@ class StaticDecoder:
 
     def _bucketed(self, gather: bool) -> bool:
         """Whether a step's shape has a length bucket: the torch kernels' attention over the first positions of the
-        rows' caches does; the triton kernels' attention (and, with ``lane_attention`` "triton", a step of lanes on
-        the torch kernels) reads each row's own length, so one graph serves every length."""
+        rows' caches does; the triton kernels' attention (and, with ``lane_attention`` "triton" or "triton-rows", a
+        step of lanes on the torch kernels) reads each row's own length, so one graph serves every length."""
         return self.layers.lanes_bucketed if gather else self.layers.bucketed
 
     def row_counts(self, most: int) -> list[int]:
