@@ -59,3 +59,11 @@ def test_profiled_steps_follow_the_measured_ones_and_share_out_their_time():
 def test_no_profile_unless_asked():
     report = lane_steps.main(["--streams", "1", "--size", "64", "--steps", "2"])
     assert "profile" not in report
+
+
+def test_both_in_place_reads_of_the_slots_can_be_named():
+    """triton (a slot's rows share a read) and triton-rows (each row reads its slot) for one card to compare."""
+    for way in ("triton", "triton-rows", "gather", "auto"):
+        assert lane_steps.parse_args(["--lane-attention", way]).lane_attention == way
+    with pytest.raises(SystemExit):
+        lane_steps.parse_args(["--lane-attention", "paged"])
