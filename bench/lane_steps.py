@@ -3,7 +3,7 @@ together in one slot decoder (the engine's token loop without the engine), and e
 the forward's time and the host's rest (each row's inputs, the passes of lanes, each stream's bookkeeping).
 
     python -m bench.lane_steps [--preview] [--mode row_parallel] [--window 4] [--streams 16] [--lane-rows 0]
-        [--lane-attention auto|gather|triton|triton-rows] [--steps 160] [--size 512] [--profile N] [--out FILE]
+        [--lane-attention auto|gather|triton|triton-slots] [--steps 160] [--size 512] [--profile N] [--out FILE]
 
 Why: at 16 clients on an H100 a row-parallel step of about 206 rows took 74 ms of the engine's wall time, where the
 device profile gives a step about 0.08 ms a row (bench/results/h100/saturation-wide/NOTES.md). This says how much of
@@ -13,8 +13,8 @@ captured first), where it is the device time of each step's upload and replay (b
 ``--profile N`` then decodes N more steps of the same decoder under ``torch.profiler``, untimed, to say which kernels
 (on the CPU, which operators) a wide step of lanes spends its device time in: the top 25 by self device time (self CPU
 time on the CPU, or where no kernel of the graph replays is attributed), each with its calls, ms a step and share.
-``--lane-attention triton-rows`` reads each row's slot on its own, to set against triton's one read for a slot's rows
-(auto on CUDA) on one card. Prints one JSON object (and writes it to --out).
+``--lane-attention triton-slots`` reads each slot once for all of its rows in a step, to set against triton's read
+per row (auto on CUDA) on one card. Prints one JSON object (and writes it to --out).
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="profile N more steps after the measured ones (0: none)")
     parser.add_argument("--lane-attention", choices=("auto", "gather", *DIRECT_LANE_ATTENTION), default="auto",
                         help="how a step of lanes reads its rows' slots (StaticDecoder's lane_attention): triton once "
-                        "for a slot's rows, triton-rows once a row")
+                        "a row, triton-slots once for a slot's rows")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     if args.streams < 1 or args.steps < 1 or args.window < 1 or args.lane_rows < 0 or args.profile < 0:

@@ -67,8 +67,8 @@ def bucket_for(positions: int) -> int:
 
 
 #: ``lane_attention`` settings under which the torch kernels' steps of lanes read their slots in place with
-#: ``decode_kernels.attention``: once for all of a slot's rows in the step, or once per row.
-DIRECT_LANE_ATTENTION = ("triton", "triton-rows")
+#: ``decode_kernels.attention``: once per row, or once for all of a slot's rows in the step.
+DIRECT_LANE_ATTENTION = ("triton", "triton-slots")
 
 #: The rows a step of lanes may run with the torch kernels unless set (``lane_rows_for``). A pass reads every weight
 #: once whatever its rows: on an H100 a torch-kernel step took 6.95 ms at 2 rows, 9.28 at 32 and 11.77 at 64
@@ -249,15 +249,15 @@ class _TorchLayers:
     runs over the first ``bucket`` cached positions with a per-row mask, so the bucket is part of a step's shape.
     Row r reads slot r's cache (a view of the first rows). In a step of lanes (``gather``) it reads its own slot's:
     gathered for the step (a copy per layer), or read in place by ``decode_kernels.attention`` over the row's own
-    length, so such a step has no length bucket either: with ``lane_attention`` "triton" once for all the step's rows
-    of a slot (``decode_kernels.lane_groups``), with "triton-rows" once per row."""
+    length, so such a step has no length bucket either: with ``lane_attention`` "triton" once per row, with
+    "triton-slots" once for all the step's rows of a slot (``decode_kernels.lane_groups``)."""
 
     bucketed = True
 
     def __init__(self, decoder: StaticDecoder, compile: bool, mode: str, lane_attention: str = "gather") -> None:
         self.decoder = decoder
         self.direct_lanes = lane_attention in DIRECT_LANE_ATTENTION
-        self.grouped = lane_attention == "triton"
+        self.grouped = lane_attention == "triton-slots"
         self.lanes_bucketed = not self.direct_lanes
         self.pre, self.attend, self.post = _pre_attention, _attend, _post_attention
         if compile:
@@ -391,9 +391,9 @@ class StaticDecoder:
         with the triton kernels it sets the row tile of every step. ``lane_attention`` (torch kernels, steps of lanes):
         "gather" copies each row's slot out of the cache for the step (every layer, every row: at 256 rows of a 2,558-
         position Preview cache about 1.3 GB a layer, written and read again), "triton" has ``decode_kernels.attention``
-        read each slot in place once for all of the step's rows of it (up to ``decode_kernels.lanes_per_group``), each
-        over its own length (one graph per row count, no length buckets); "triton-rows" reads it once per row (the
-        read before, kept to compare); "auto" is triton on a CUDA device where the triton package imports, else
+        read each row's slot in place over its own length (one graph per row count, no length buckets);
+        "triton-slots" reads each slot once for all of the step's rows of it (up to ``decode_kernels.lanes_per_group``),
+        each over its own length (not yet timed on a GPU, so not the default); "auto" is triton on a CUDA device where the triton package imports, else
         gather, and gather with ``full_length``, whose steps of lanes must do the plain steps' arithmetic (so that
         speculative lanes draw the sequential grid)."""
         config = model.config
@@ -419,7 +419,7 @@ class StaticDecoder:
         if fold_norms and kernels != "triton":
             raise ValueError("fold_norms needs kernels='triton'")
         if lane_attention not in ("auto", "gather", *DIRECT_LANE_ATTENTION):
-            raise ValueError(f"lane_attention must be 'auto', 'gather', 'triton' or 'triton-rows', not {lane_attention!r}")
+            raise ValueError(f"lane_attention must be 'auto', 'gather', 'triton' or 'triton-slots', not {lane_attention!r}")
         if lane_attention == "auto":
             direct = decode_kernels.available and model.device.type == "cuda" and not full_length
             lane_attention = "triton" if direct else "gather"
@@ -491,9 +491,9 @@ class StaticDecoder:
     @property
     def lane_read(self) -> str:
         """How a step of lanes reads its rows' slots, in words (the service's start log)."""
-        if self.kernels == "triton" or self.lane_attention == "triton-rows":
+        if self.kernels == "triton" or self.lane_attention == "triton":
             return "slots read in place, once a row"
-        if self.lane_attention == "triton":
+        if self.lane_attention == "triton-slots":
             return "slots read in place, once for a slot's rows"
         return "slots gathered"
 
@@ -747,7 +747,7 @@ class StaticDecoder:
         """(bucket, rows, gather) of every step shape a batch of streams up to ``positions`` long can take: with
         ``shared_slots`` (unless not ``lanes``), the shapes of steps of lanes too, up to ``lane_rows`` rows (with the
         torch kernels each row count once more, as a step of lanes: per bucket when gathering, once with
-        ``lane_attention`` "triton" or "triton-rows")."""
+        ``lane_attention`` "triton" or "triton-slots")."""
         shapes = [(rows, False) for rows in self.row_counts(self.slots)]
         if lanes and self.shared_slots:
             shapes += [(rows, self.layers.bucketed) for rows in self.row_counts(self.lane_rows)]
@@ -780,7 +780,7 @@ class StaticDecoder:
 
     def _bucketed(self, gather: bool) -> bool:
         """Whether a step's shape has a length bucket: the torch kernels' attention over the first positions of the
-        rows' caches does; the triton kernels' attention (and, with ``lane_attention`` "triton" or "triton-rows", a
+        rows' caches does; the triton kernels' attention (and, with ``lane_attention`` "triton" or "triton-slots", a
         step of lanes on the torch kernels) reads each row's own length, so one graph serves every length."""
         return self.layers.lanes_bucketed if gather else self.layers.bucketed
 

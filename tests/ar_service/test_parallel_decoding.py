@@ -336,28 +336,30 @@ def test_the_slot_decoder_decodes_speculative_lanes_to_the_sequential_grid(tiny_
                                  sampling, 1, reserve=False, decoding=Decoding("speculative", 4)))
 
 
-@pytest.mark.parametrize(("kernels", "lane_attention"), [("torch", "gather"), ("torch", "triton"), ("triton", "auto")])
+@pytest.mark.parametrize(("kernels", "lane_attention"), [("torch", "gather"), ("torch", "triton"), ("torch", "triton-slots"), ("triton", "auto")])
 def test_the_slot_decoder_decodes_row_parallel_to_the_eager_grid(tiny_ar, kernels, lane_attention, few_splits):
     """Row-parallel lanes in the fixed slots (RoPE at the raster position, K/V at the cache index in generation
     order) draw the eager decoder's grid, guided and not, in the same forwards; with fewer rows than a step's lanes
     they run in several passes and still draw it; with few slots but wide steps of lanes (``lane_rows``) in one
     pass a forward; beside a sequential and a speculative stream (batch-mates) too. The torch kernels' steps of
-    lanes gather each row's slot or have the triton attention read it in place (``lane_attention``)."""
+    lanes gather each row's slot or have the triton attention read it in place, per row or per slot
+    (``lane_attention``)."""
     from ar_service.decoding.decoders import SlotDecoder
     from ar_service.model import decode_kernels
     from ar_service.model.static_decode import StaticDecoder
 
-    if "triton" in (kernels, lane_attention) and not decode_kernels.available:
+    interpreted = kernels == "triton" or lane_attention != "gather"
+    if interpreted and not decode_kernels.available:
         pytest.skip("triton is not installed (no wheel for this platform)")
     # Triton's kernels run interpreted on the CPU, so they get a smaller grid
-    grid = GRID if "triton" not in (kernels, lane_attention) else grid_for_size(64, 48, 16)
+    grid = grid_for_size(64, 48, 16) if interpreted else GRID
     sampling = SamplingParams(1.0, 4, 1.0)
     decoding = Decoding("row_parallel", 2)
 
     def slot_decoder(slots, lane_rows=None):
         # full_length (every step at the slots' rows) keeps the torch kernels' rounding off the row count; wider
         # steps of lanes, and lanes read in place, cannot have it
-        full_length = kernels == "torch" and lane_rows is None and lane_attention != "triton"
+        full_length = kernels == "torch" and lane_rows is None and lane_attention == "gather"
         return SlotDecoder(StaticDecoder(tiny_ar.model, slots=slots, max_positions=300, kernels=kernels,
                                          shared_slots=True, full_length=full_length,
                                          lane_rows=lane_rows, lane_attention=lane_attention))

@@ -167,8 +167,8 @@ def test_warm_up_captures_every_shape_a_request_can_step_in(setup, shared_slots)
 
 def test_steps_of_lanes_reading_their_slots_in_place_have_no_length_buckets(setup, monkeypatch):
     """With ``lane_attention`` "triton" (the CUDA default where triton imports) a step of lanes on the torch kernels
-    reads each slot in place once for its rows in the step, each over its own length, and with "triton-rows" once a
-    row: one graph per row count instead of one per row count and length bucket, and the same tokens and states as
+    reads each row's slot in place over its own length, and with "triton-slots" each slot once for its rows in the
+    step: one graph per row count instead of one per row count and length bucket, and the same tokens and states as
     gathering each row's slot (the kernel runs interpreted here).
     On the CPU auto gathers; so does ``full_length`` (deterministic decoding), where a step of lanes must attend as
     the plain steps do; an unknown way is refused."""
@@ -177,16 +177,16 @@ def test_steps_of_lanes_reading_their_slots_in_place_have_no_length_buckets(setu
     monkeypatch.setattr(decode_kernels, "ATTENTION_SPLITS", 2)  # the interpreter runs programs one by one
     tiny_ar, _, _ = setup
     built = {way: StaticDecoder(tiny_ar.model, slots=2, max_positions=700, shared_slots=True, lane_rows=4,
-                                lane_attention=way) for way in ("gather", "triton", "triton-rows")}
+                                lane_attention=way) for way in ("gather", "triton", "triton-slots")}
     assert StaticDecoder(tiny_ar.model, slots=2, max_positions=64).lane_attention == "gather"
-    with pytest.raises(ValueError, match="lane_attention must be 'auto', 'gather', 'triton' or 'triton-rows'"):
+    with pytest.raises(ValueError, match="lane_attention must be 'auto', 'gather', 'triton' or 'triton-slots'"):
         StaticDecoder(tiny_ar.model, slots=2, max_positions=64, lane_attention="paged")
     with pytest.raises(ValueError, match="full_length steps of lanes attend as every other step does"):
         StaticDecoder(tiny_ar.model, slots=2, max_positions=64, full_length=True, lane_attention="triton")
     assert [built[way].lane_read for way in built] == [
-        "slots gathered", "slots read in place, once for a slot's rows", "slots read in place, once a row"]
+        "slots gathered", "slots read in place, once a row", "slots read in place, once for a slot's rows"]
     lanes = {way: [key for key in static.graph_keys(650) if key[2]] for way, static in built.items()}
-    for way in ("triton", "triton-rows"):
+    for way in ("triton", "triton-slots"):
         assert sorted(rows for _, rows, _ in lanes[way]) == [1, 2, 4]
         assert {bucket for bucket, _, _ in lanes[way]} == {700}
     assert len(lanes["gather"]) == 3 * len({bucket for bucket, _, _ in lanes["gather"]}) > 3
@@ -201,7 +201,7 @@ def test_steps_of_lanes_reading_their_slots_in_place_have_no_length_buckets(setu
             static.step([0, 1], [start + position % 7, start + position % 5], [position, position], [draw, draw])
         results[way] = [static.step_lanes([0, 0, 1], [start + 1, start + 2, start + 3], [300 + n, 301 + n, 300 + n],
                                           [draw] * 3) for n in (0, 2)]
-    for way in ("triton", "triton-rows"):
+    for way in ("triton", "triton-slots"):
         for (tokens, hidden), (tokens_gathered, hidden_gathered) in zip(results[way], results["gather"], strict=True):
             assert tokens == tokens_gathered
             torch.testing.assert_close(hidden, hidden_gathered, rtol=1e-4, atol=1e-5)

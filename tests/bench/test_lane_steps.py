@@ -62,8 +62,8 @@ def test_no_profile_unless_asked():
 
 
 def test_both_in_place_reads_of_the_slots_can_be_named():
-    """triton (a slot's rows share a read) and triton-rows (each row reads its slot) for one card to compare."""
-    for way in ("triton", "triton-rows", "gather", "auto"):
+    """triton (each row reads its slot) and triton-slots (a slot's rows share a read) for one card to compare."""
+    for way in ("triton", "triton-slots", "gather", "auto"):
         assert lane_steps.parse_args(["--lane-attention", way]).lane_attention == way
     with pytest.raises(SystemExit):
         lane_steps.parse_args(["--lane-attention", "paged"])
