@@ -393,9 +393,9 @@ class StaticDecoder:
         position Preview cache about 1.3 GB a layer, written and read again), "triton" has ``decode_kernels.attention``
         read each row's slot in place over its own length (one graph per row count, no length buckets);
         "triton-slots" reads each slot once for all of the step's rows of it (up to ``decode_kernels.lanes_per_group``),
-        each over its own length (not yet timed on a GPU, so not the default); "auto" is triton on a CUDA device where the triton package imports, else
-        gather, and gather with ``full_length``, whose steps of lanes must do the plain steps' arithmetic (so that
-        speculative lanes draw the sequential grid)."""
+        each over its own length (not yet timed on a GPU, so not the default); "auto" is triton on a CUDA device where
+        the triton package imports, else gather, and gather with ``full_length``, whose steps of lanes must do the
+        plain steps' arithmetic (so that speculative lanes draw the sequential grid)."""
         config = model.config
         lane_rows = slots if lane_rows is None else lane_rows
         if slots < 1 or max_positions < 2:

@@ -336,7 +336,8 @@ def test_the_slot_decoder_decodes_speculative_lanes_to_the_sequential_grid(tiny_
                                  sampling, 1, reserve=False, decoding=Decoding("speculative", 4)))
 
 
-@pytest.mark.parametrize(("kernels", "lane_attention"), [("torch", "gather"), ("torch", "triton"), ("torch", "triton-slots"), ("triton", "auto")])
+@pytest.mark.parametrize(("kernels", "lane_attention"),
+                         [("torch", "gather"), ("torch", "triton"), ("torch", "triton-slots"), ("triton", "auto")])
 def test_the_slot_decoder_decodes_row_parallel_to_the_eager_grid(tiny_ar, kernels, lane_attention, few_splits):
     """Row-parallel lanes in the fixed slots (RoPE at the raster position, K/V at the cache index in generation
     order) draw the eager decoder's grid, guided and not, in the same forwards; with fewer rows than a step's lanes
