@@ -310,6 +310,38 @@ if available:
             tl.store(dst + HALF + d, x2)
 
     @triton.jit
+    def _attend_split(q, k_ptr, v_ptr, start, end, length, stride_pos, scale, M: tl.constexpr, D: tl.constexpr,
+                      BLOCK_P: tl.constexpr, ROW_LENGTHS: tl.constexpr):
+        """Online softmax of q [M, D] over the positions [start, end) of one slot's K/V (pointers at its kv head):
+        (unnormalised output, running max, sum), as both attention kernels keep them. With ``ROW_LENGTHS`` q row m
+        sees only the positions below length[m], so it may see none of a block: its max stays -inf and it shifts
+        by 0 (not -inf - -inf). Without, every row sees every position of the split (``length`` unread)."""
+        d = tl.arange(0, D)
+        m_i = tl.full([M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([M], dtype=tl.float32)
+        acc = tl.zeros([M, D], dtype=tl.float32)
+        for p0 in range(start, end, BLOCK_P):
+            p = p0 + tl.arange(0, BLOCK_P)
+            p_ok = p < end
+            k = tl.load(k_ptr + p[:, None] * stride_pos + d[None, :], mask=p_ok[:, None], other=0.0)
+            v = tl.load(v_ptr + p[:, None] * stride_pos + d[None, :], mask=p_ok[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k)) * scale
+            if ROW_LENGTHS:
+                s = tl.where(p_ok[None, :] & (p[None, :] < length[:, None]), s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                shift = tl.where(m_new > float("-inf"), m_new, 0.0)
+            else:
+                s = tl.where(p_ok[None, :], s, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                shift = m_new
+            alpha = tl.exp(m_i - shift)
+            probs = tl.exp(s - shift[:, None])
+            l_i = l_i * alpha + tl.sum(probs, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(probs.to(v.dtype), v)
+            m_i = m_new
+        return acc, m_i, l_i
+
+    @triton.jit
     def _attention_split_kernel(
         q_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, acc_ptr, stats_ptr,
         stride_q, stride_slot, stride_head, stride_pos, scale, free_position,
@@ -331,22 +363,8 @@ if available:
         d = tl.arange(0, D)
         q = tl.load(q_ptr + r * stride_q + (kvh * GROUP + g)[:, None] * D + d[None, :], mask=(g < GROUP)[:, None], other=0.0)
         base = slot * stride_slot + kvh * stride_head
-        m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_G, D], dtype=tl.float32)
-        for p0 in range(start, end, BLOCK_P):
-            p = p0 + tl.arange(0, BLOCK_P)
-            p_ok = p < end
-            k = tl.load(k_ptr + base + p[:, None] * stride_pos + d[None, :], mask=p_ok[:, None], other=0.0)
-            v = tl.load(v_ptr + base + p[:, None] * stride_pos + d[None, :], mask=p_ok[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k)) * scale
-            s = tl.where(p_ok[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp(m_i - m_new)
-            probs = tl.exp(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(probs, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(probs.to(v.dtype), v)
-            m_i = m_new
+        acc, m_i, l_i = _attend_split(q, k_ptr + base, v_ptr + base, start, end, length, stride_pos, scale, BLOCK_G, D,
+                                      BLOCK_P, False)
         part = (r * kv_heads + kvh) * SPLITS + split
         tl.store(acc_ptr + part * BLOCK_G * D + g[:, None] * D + d[None, :], acc)
         tl.store(stats_ptr + part * 2 * BLOCK_G + g, m_i)
@@ -385,23 +403,8 @@ if available:
         q = tl.load(q_ptr + row[:, None] * stride_q + (kvh * GROUP + gi)[:, None] * D + d[None, :], mask=ok[:, None],
                     other=0.0)
         base = slot * stride_slot + kvh * stride_head
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
-        for p0 in range(start, end, BLOCK_P):
-            p = p0 + tl.arange(0, BLOCK_P)
-            p_ok = p < end
-            k = tl.load(k_ptr + base + p[:, None] * stride_pos + d[None, :], mask=p_ok[:, None], other=0.0)
-            v = tl.load(v_ptr + base + p[:, None] * stride_pos + d[None, :], mask=p_ok[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k)) * scale
-            s = tl.where(p_ok[None, :] & (p[None, :] < length[:, None]), s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            shift = tl.where(m_new > float("-inf"), m_new, 0.0)  # a row with nothing seen yet: no NaN from -inf - -inf
-            alpha = tl.exp(m_i - shift)
-            probs = tl.exp(s - shift[:, None])
-            l_i = l_i * alpha + tl.sum(probs, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(probs.to(v.dtype), v)
-            m_i = m_new
+        acc, m_i, l_i = _attend_split(q, k_ptr + base, v_ptr + base, start, end, length, stride_pos, scale, BLOCK_M, D,
+                                      BLOCK_P, True)
         part = (row * kv_heads + kvh) * SPLITS + split
         tl.store(acc_ptr + (part * BLOCK_G + gi)[:, None] * D + d[None, :], acc, mask=ok[:, None])
         tl.store(stats_ptr + part * 2 * BLOCK_G + gi, m_i, mask=ok)
