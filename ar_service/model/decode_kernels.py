@@ -588,7 +588,7 @@ def attention(
     kv_heads = k_cache.shape[1]
     _rows_contiguous(positions, slots)
     group = heads // kv_heads
-    block_g = max(16, triton.next_power_of_2(group))
+    block_g = query_tile(group)
     if workspace is None:
         workspace = attention_workspace(p, kv_heads, group, d, q.device)
     acc, stats = workspace
@@ -616,7 +616,7 @@ def _launch_lanes(q, k_cache, v_cache, positions, slots, groups, acc, stats, str
     lanes = groups.shape[1]
     _attention_lanes_kernel[(groups.shape[0], k_cache.shape[1], ATTENTION_SPLITS)](
         q, k_cache, v_cache, positions, slots, groups, acc, stats, q.stride(0), groups.stride(0), *strides,
-        GROUP=group, BLOCK_G=block_g, LANES=lanes, BLOCK_M=max(16, triton.next_power_of_2(lanes * group)),
+        GROUP=group, BLOCK_G=block_g, LANES=lanes, BLOCK_M=query_tile(lanes * group),
         D=q.shape[2], BLOCK_P=64, SPLITS=ATTENTION_SPLITS, num_warps=4, num_stages=2,
     )
 
@@ -651,9 +651,20 @@ def max_lane_groups(rows: int, lanes: int, slot_count: int) -> int:
     return min(rows, (rows + used * (lanes - 1)) // lanes)
 
 
+def query_tile(rows: int) -> int:
+    """The q rows an attention program computes, padded to a power of two of at least 16 (what tl.dot takes)."""
+    return max(16, 1 << (rows - 1).bit_length())
+
+
+def attention_workspace_bytes(rows: int, kv_heads: int, group: int, d: int) -> int:
+    """The size of ``attention_workspace`` (the memory estimate's share of a step, without allocating it)."""
+    block_g = query_tile(group)
+    return rows * kv_heads * ATTENTION_SPLITS * (block_g * d + 2 * block_g) * 4
+
+
 def attention_workspace(rows: int, kv_heads: int, group: int, d: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Scratch for ``attention``'s partial results (float32), reusable across layers of one step."""
-    block_g = max(16, triton.next_power_of_2(group))
+    block_g = query_tile(group)
     parts = rows * kv_heads * ATTENTION_SPLITS
     return (torch.empty((parts, block_g, d), dtype=torch.float32, device=device),
             torch.empty((parts, 2, block_g), dtype=torch.float32, device=device))

@@ -113,8 +113,7 @@ def step_workspace_bytes(
     projections = (q + 2 * kv) * s + 3 * (q + kv) * s
     if config.qk_norm and kernels != "triton":
         projections += (q + kv) * (2 * 4 + 2 * s)
-    group = max(16, 1 << (heads // kv_heads - 1).bit_length())
-    splits = kv_heads * decode_kernels.ATTENTION_SPLITS * (group * d + 2 * group) * 4
+    splits = decode_kernels.attention_workspace_bytes(1, kv_heads, heads // kv_heads, d)
     if kernels == "triton":
         attention = splits
     else:

@@ -767,16 +767,18 @@ class StaticDecoder:
     def lane_groups(self, rows: torch.Tensor) -> torch.Tensor:
         """The step's rows (their slots, [P] on the device) as ``decode_kernels.attention``'s groups: the rows of one
         slot together, as many as one program of this model's heads reads the slot once for."""
-        config = self.config
-        lanes = decode_kernels.lanes_per_group(config.num_attention_heads // config.num_key_value_heads)
-        return decode_kernels.lane_groups(rows, lanes, self.slots)
+        return decode_kernels.lane_groups(rows, decode_kernels.lanes_per_group(self.query_group), self.slots)
 
     def attention_workspace(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Scratch for ``decode_kernels.attention`` over ``rows`` rows of this model's heads."""
         config = self.config
-        return decode_kernels.attention_workspace(rows, config.num_key_value_heads,
-                                                  config.num_attention_heads // config.num_key_value_heads,
+        return decode_kernels.attention_workspace(rows, config.num_key_value_heads, self.query_group,
                                                   config.head_dim, self.device)
+
+    @property
+    def query_group(self) -> int:
+        """The q heads sharing one kv head."""
+        return self.config.num_attention_heads // self.config.num_key_value_heads
 
     def _bucketed(self, gather: bool) -> bool:
         """Whether a step's shape has a length bucket: the torch kernels' attention over the first positions of the
