@@ -689,14 +689,7 @@ def probe(device: torch.device, dtype: torch.dtype, fp8: bool = False, tile: int
         x, w = rand(2, 64), rand(64, 64)
         linear(linear(x, w, bias=rand(64), norm=(rand(64), 1e-6), swiglu=True, tile=tile), rand(64, 32), residual=x,
                tile=tile)
-        heads, kv_heads, d = 2, 1, 16
-        cache = rand(2, kv_heads, 8, d), rand(2, kv_heads, 8, d)
-        rows = torch.arange(2, device=device)
-        q = rope_write(rand(2, (heads + 2 * kv_heads) * d), rand(2, d), rand(2, d), rows + 3, rows, *cache, heads, kv_heads)
-        attention(q, *cache, rows + 3, rows, 0.25)
-        attention(q, *cache, rows + 3, rows, 0.25, groups=lane_groups(rows, 2, 2))
-        rope_write(rand(2, (heads + 2 * kv_heads) * d), rand(2, d), rand(2, d), rows + 3, rows, *cache, heads, kv_heads,
-                   qk_norm=(rand(2 * d), 1e-6))
+        _run_attention(rand)
         if fp8:
             from servicekit.fp8 import quantize_weight
 
@@ -709,3 +702,29 @@ def probe(device: torch.device, dtype: torch.dtype, fp8: bool = False, tile: int
     except Exception as error:  # any failure means: use the torch kernels
         return error
     return None
+
+
+def probe_attention(device: torch.device, dtype: torch.dtype) -> Exception | None:
+    """``probe`` for the attention kernels alone (both reads, and the RoPE write that feeds them): what the torch
+    kernels' steps of lanes use to read their slots in place. None when they work, else the error."""
+    try:
+        g = torch.Generator(device="cpu").manual_seed(0)
+        _run_attention(lambda *shape: torch.randn(*shape, generator=g).to(device=device, dtype=dtype))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception as error:  # any failure means: gather the rows' slots instead
+        return error
+    return None
+
+
+def _run_attention(rand) -> None:
+    """The RoPE write and both attention reads, once each on small tensors from ``rand(*shape)``."""
+    heads, kv_heads, d = 2, 1, 16
+    device = rand(1).device
+    cache = rand(2, kv_heads, 8, d), rand(2, kv_heads, 8, d)
+    rows = torch.arange(2, device=device)
+    q = rope_write(rand(2, (heads + 2 * kv_heads) * d), rand(2, d), rand(2, d), rows + 3, rows, *cache, heads, kv_heads)
+    attention(q, *cache, rows + 3, rows, 0.25)
+    attention(q, *cache, rows + 3, rows, 0.25, groups=lane_groups(rows, 2, 2))
+    rope_write(rand(2, (heads + 2 * kv_heads) * d), rand(2, d), rand(2, d), rows + 3, rows, *cache, heads, kv_heads,
+               qk_norm=(rand(2 * d), 1e-6))

@@ -394,8 +394,9 @@ class StaticDecoder:
         read each row's slot in place over its own length (one graph per row count, no length buckets);
         "triton-slots" reads each slot once for all of the step's rows of it (up to ``decode_kernels.lanes_per_group``),
         each over its own length (not yet timed on a GPU, so not the default); "auto" is triton on a CUDA device where
-        the triton package imports, else gather, and gather with ``full_length``, whose steps of lanes must do the
-        plain steps' arithmetic (so that speculative lanes draw the sequential grid)."""
+        the triton package imports and its attention compiles and runs (``decode_kernels.probe_attention``), else
+        gather, and gather with ``full_length``, whose steps of lanes must do the plain steps' arithmetic (so that
+        speculative lanes draw the sequential grid)."""
         config = model.config
         lane_rows = slots if lane_rows is None else lane_rows
         if slots < 1 or max_positions < 2:
@@ -422,6 +423,12 @@ class StaticDecoder:
             raise ValueError(f"lane_attention must be 'auto', 'gather', 'triton' or 'triton-slots', not {lane_attention!r}")
         if lane_attention == "auto":
             direct = decode_kernels.available and model.device.type == "cuda" and not full_length
+            if direct and kernels == "torch" and shared_slots:
+                error = decode_kernels.probe_attention(model.device, model.dtype)
+                if error is not None:
+                    log.warning("steps of lanes gather their slots (the triton attention failed on %s: %s)",
+                                model.device, error)
+                    direct = False
             lane_attention = "triton" if direct else "gather"
         elif lane_attention in DIRECT_LANE_ATTENTION and not (decode_kernels.available and (
                 model.device.type == "cuda" or decode_kernels.interpreting)):

@@ -342,19 +342,34 @@ def test_triton_kernels_are_chosen_where_they_can_run(monkeypatch, caplog):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_the_probe_runs_every_kernel(dtype):
     assert decode_kernels.probe(torch.device("cpu"), dtype) is None
+    assert decode_kernels.probe_attention(torch.device("cpu"), dtype) is None
+
+
+class Broken:
+    """A kernel whose every launch raises ``message``, as one that cannot compile on a GPU does."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            raise RuntimeError(self.message)
+
+        return launch
 
 
 def test_the_probe_reports_a_kernel_that_fails(monkeypatch):
-    class Broken:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                raise RuntimeError("no bf16 dot on this GPU")
-
-            return launch
-
-    monkeypatch.setattr(decode_kernels, "_attention_split_kernel", Broken())
+    monkeypatch.setattr(decode_kernels, "_attention_split_kernel", Broken("no bf16 dot on this GPU"))
     error = decode_kernels.probe(torch.device("cpu"), torch.float32)
     assert isinstance(error, RuntimeError) and "no bf16 dot" in str(error)
+
+
+def test_the_attention_probe_reports_a_shared_read_that_fails(monkeypatch):
+    """Steps of lanes on the torch kernels gather their slots unless this probe passes: a failing shared read of a
+    slot's rows fails it too, not only the per-row read."""
+    monkeypatch.setattr(decode_kernels, "_attention_lanes_kernel", Broken("out of shared memory"))
+    error = decode_kernels.probe_attention(torch.device("cpu"), torch.float32)
+    assert isinstance(error, RuntimeError) and "out of shared memory" in str(error)
 
 
 def test_triton_kernels_on_a_cpu_without_the_interpreter_are_refused(setup, monkeypatch):
