@@ -2,9 +2,9 @@
 held-out pictures come back with the asked colour, position or background, and with what was not asked kept.
 
 What is asserted is what this checkpoint does (nearly) every time on 200 held-out edits through the services
-(train/runs/h100-2026-12-06-dev, after run 10): the background, the shape's colour and its position read as the
-target's 200 times. Outlines are not asserted: a tenth of the asked outline changes and about one kept outline
-in eleven still come out rounded.
+(train/runs/h100-2026-12-06-dev, after run 12): the background, the shape's colour and its position read as the
+target's 200 times. Outlines are not asserted: an eighth of the asked outline changes and about one kept outline
+in twelve still come out rounded.
 """
 
 from __future__ import annotations
