@@ -43,6 +43,17 @@ def shape_weight(text: str) -> float:
     return value
 
 
+def positive_count(text: str) -> int:
+    """A count of examples: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1; got {text!r}")
+    return value
+
+
 SHAPE_WEIGHT_HELP = "extra DiT loss weight on the latents the (target's) shape touches (0: uniform)"
 
 

@@ -9,6 +9,7 @@ with. The record goes to ``training_log.json`` beside ``--out`` (or in ``--log-d
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import time
@@ -60,6 +61,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--target-weight", action="append", default=[], metavar="NAME=FACTOR", type=parse_target_weight,
                    help="draw DiT examples whose target has this shape or size FACTOR times as often (repeatable), "
                         f"e.g. circle=0.5 or small=2; names: {', '.join(WEIGHT_NAMES)}")
+    p.add_argument("--dit-captions", type=cli.positive_count,
+                   help="captions the DiT's caption batches are drawn from, fresh wordings of the training scenes "
+                        "(default: the scale's; the Preview trainer draws from 16384)")
     p.add_argument("--eval-budget", type=float, default=90.0, help="seconds for the in-process checks (0: skip)")
     return p
 
@@ -67,6 +71,8 @@ def parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> dict:
     started = time.monotonic()
     device, scale = cli.start(args, dev_stages.SCALES)
+    if args.dit_captions:
+        scale = dataclasses.replace(scale, dit_captions=args.dit_captions)
     warm: dict | None = None
     if args.resume:
         ar, dit, vae, tok = dev_architecture.load(args.resume, device, args.seed)

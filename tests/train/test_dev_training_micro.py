@@ -33,7 +33,7 @@ def trained(tmp_path_factory):
     out = root / "model"
     record = run(parser().parse_args(["--out", str(out), "--device", "cpu", "--scale", "micro",
                                       "--target-weight", "square=3", "--target-weight", "small=2",
-                                      "--dit-shape-weight", "4"]))
+                                      "--dit-shape-weight", "4", "--dit-captions", "3"]))
     return out, record
 
 
@@ -49,6 +49,7 @@ def test_micro_training_writes_a_dev_checkpoint_the_services_load(trained, loade
     assert record["stages"][2]["data"]["edits"] > 0 and record["held_out_edits"][0]["edits"] >= 1
     assert record["stages"][2]["data"]["target_weights"] == {"square": 3.0, "small": 2.0}
     assert record["stages"][2]["data"]["shape_weight"] == 4.0
+    assert record["stages"][2]["data"]["captions"] == 3  # --dit-captions over the micro scale's 2
     log = json.loads((out.parent / report.LOG_NAME).read_text())
     assert log["runs"][-1]["warm_start_report"]["tensors_copied"]["dit"] > 90
 
@@ -90,6 +91,15 @@ def test_a_shape_weight_below_zero_or_not_a_number_is_refused(capsys) -> None:
         with pytest.raises(SystemExit):
             parser().parse_args(["--out", "x", "--dit-shape-weight", bad])
         assert "--dit-shape-weight: must be a finite number >= 0" in capsys.readouterr().err
+
+
+def test_a_caption_pool_that_is_not_a_positive_count_is_refused(capsys) -> None:
+    assert parser().parse_args(["--out", "x", "--dit-captions", "16384"]).dit_captions == 16384
+    assert parser().parse_args(["--out", "x"]).dit_captions is None  # the scale's
+    for bad in ("0", "-5", "1.5", "many"):
+        with pytest.raises(SystemExit):
+            parser().parse_args(["--out", "x", "--dit-captions", bad])
+        assert "--dit-captions: must be a whole number >= 1" in capsys.readouterr().err
 
 
 def test_warm_start_copies_matching_tensors_and_leaves_the_new_ones_fresh() -> None:
