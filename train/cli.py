@@ -68,7 +68,7 @@ def parser(description: str, with_stages: bool) -> argparse.ArgumentParser:
     p.add_argument("--scale", choices=sorted(stages.SCALES), default="full", help="data and step counts (micro: CPU test)")
     for name in STAGES:
         p.add_argument(f"--budget-{name}", type=float, default=DEFAULT_BUDGET_S[name], help=f"seconds of {name} training at most")
-    p.add_argument("--dit-batch", type=int, help="DiT batch size (default: the scale's)")
+    p.add_argument("--dit-batch", type=positive_count, help="DiT batch size (default: the scale's)")
     p.add_argument("--dit-shape-weight", type=shape_weight, default=0.0, help=SHAPE_WEIGHT_HELP)
     p.add_argument("--dit-lr", type=float, default=stages.DIT_PEAK_LR,
                    help="DiT peak learning rate (lower to fine-tune a trained DiT)")

@@ -19,7 +19,7 @@ os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # as train.cli: no torch.comp
 
 import torch  # noqa: E402
 
-from train import cli, dev_architecture, dev_stages, report, selfcheck  # noqa: E402
+from train import cli, dev_architecture, dev_stages, report, selfcheck, stages  # noqa: E402
 from train.shapes import SHAPES, SIZES  # noqa: E402
 
 DEFAULT_WARM_START = Path(__file__).parent / "checkpoints" / "shapes"
@@ -54,7 +54,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", choices=sorted(dev_stages.SCALES), default="full", help="data and steps (micro: CPU test)")
     for name, seconds in DEFAULT_BUDGET_S.items():
         p.add_argument(f"--budget-{name}", type=float, default=seconds, help=f"seconds of {name} training at most")
-    p.add_argument("--dit-batch", type=int, help="DiT batch size (default: the scale's)")
+    p.add_argument("--dit-batch", type=cli.positive_count, help="DiT batch size (default: the scale's)")
     p.add_argument("--dit-lr", type=float, default=dev_stages.DIT_PEAK_LR, help="DiT peak learning rate")
     p.add_argument("--edit-share", type=float, default=0.5, help="share of DiT batches that are edits")
     p.add_argument("--dit-shape-weight", type=cli.shape_weight, default=0.0, help=cli.SHAPE_WEIGHT_HELP)
@@ -63,7 +63,7 @@ def parser() -> argparse.ArgumentParser:
                         f"e.g. circle=0.5 or small=2; names: {', '.join(WEIGHT_NAMES)}")
     p.add_argument("--dit-captions", type=cli.positive_count,
                    help="captions the DiT's caption batches are drawn from, fresh wordings of the training scenes "
-                        "(default: the scale's; the Preview trainer draws from 16384)")
+                        f"(default: the scale's; the Preview trainer draws from {stages.SCALES['full'].dit_examples})")
     p.add_argument("--eval-budget", type=float, default=90.0, help="seconds for the in-process checks (0: skip)")
     return p
 

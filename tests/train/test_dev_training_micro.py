@@ -93,13 +93,16 @@ def test_a_shape_weight_below_zero_or_not_a_number_is_refused(capsys) -> None:
         assert "--dit-shape-weight: must be a finite number >= 0" in capsys.readouterr().err
 
 
-def test_a_caption_pool_that_is_not_a_positive_count_is_refused(capsys) -> None:
-    assert parser().parse_args(["--out", "x", "--dit-captions", "16384"]).dit_captions == 16384
-    assert parser().parse_args(["--out", "x"]).dit_captions is None  # the scale's
+@pytest.mark.parametrize("flag", ["--dit-captions", "--dit-batch"])
+def test_a_caption_pool_or_batch_that_is_not_a_positive_count_is_refused(capsys, flag) -> None:
+    """0 is refused too, not taken as the scale's default."""
+    name = flag[2:].replace("-", "_")
+    assert getattr(parser().parse_args(["--out", "x", flag, "16384"]), name) == 16384
+    assert getattr(parser().parse_args(["--out", "x"]), name) is None  # the scale's
     for bad in ("0", "-5", "1.5", "many"):
         with pytest.raises(SystemExit):
-            parser().parse_args(["--out", "x", "--dit-captions", bad])
-        assert "--dit-captions: must be a whole number >= 1" in capsys.readouterr().err
+            parser().parse_args(["--out", "x", flag, bad])
+        assert f"{flag}: must be a whole number >= 1" in capsys.readouterr().err
 
 
 def test_warm_start_copies_matching_tensors_and_leaves_the_new_ones_fresh() -> None:
