@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
             decode_lookahead=settings.decode_lookahead,
             capture_lane_graphs=settings.capture_lane_graphs,
             decode_lane_rows=settings.decode_lane_rows,
+            decode_lane_attention=settings.decode_lane_attention,
             deterministic=settings.deterministic,
             profiler=make_profiler("ar_service", settings.profile_dir, device, settings.profile_max_traces),
             gpu_memory_utilization=settings.gpu_memory_utilization,

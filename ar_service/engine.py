@@ -234,6 +234,7 @@ class AREngine:
         decode_lookahead: bool = False,
         capture_lane_graphs: bool = False,
         decode_lane_rows: int = 0,
+        decode_lane_attention: str = "auto",
         deterministic: bool = False,
         profiler: BusyProfiler | None = None,
         gpu_memory_utilization: float = 0.9,
@@ -243,7 +244,8 @@ class AREngine:
         decoder is sized to fit it (fewer images than ``max_batch_size`` when they do not: ``self.max_batch_size``
         says how many). ``device_memory``: the device's figures to size against (default: read from CUDA; on the
         CPU none, so no limit). ``decode_lane_rows``: the rows a fast decode step of lanes may run
-        (``static_decode.lane_rows_for``; 0: auto)."""
+        (``static_decode.lane_rows_for``; 0: auto); ``decode_lane_attention``: how such a step reads its rows'
+        slots (``StaticDecoder``'s ``lane_attention``)."""
         if max_batch_size < 1 or max_queued_requests < 0:
             raise ValueError("max_batch_size must be >= 1 and max_queued_requests >= 0")
         if not 0 < gpu_memory_utilization <= 1:
@@ -281,6 +283,7 @@ class AREngine:
                     loaded.model, rows, self.max_positions(), compile=compile_decode, full_length=deterministic,
                     compile_mode=compile_decode_mode, kernels=decode_kernels, shared_slots=shared_slots,
                     lane_rows=lane_rows_for(decode_lane_rows, rows, decode_kernels, full_length=deterministic),
+                    lane_attention=decode_lane_attention,
                 )
                 log.info(
                     "fast decode: %d slots x %d positions (%.2f GiB of K/V), steps of lanes up to %d rows (%s), %s "

@@ -119,6 +119,14 @@ class ARSettings(ModelServiceSettings):
         "decode_kernels torch, the decode slots (2 * max_batch_size) with triton, whose row tile follows it (at most "
         "64); never fewer than the slots. With deterministic every step runs the slots' rows: leave it 0",
     )
+    decode_lane_attention: Literal["auto", "gather", "triton", "triton-slots"] = Field(
+        "auto",
+        description="with fast_decode and decode_kernels torch: how a decode step of lanes (speculative, "
+        "row_parallel) reads its rows' K/V slots. gather: copies each row's slot out of the cache at every layer; "
+        "triton: reads each row's slot in place; triton-slots: reads each slot once for all of its rows in the step "
+        "(auto: triton on CUDA where the triton package imports and a start-up probe of its attention passes, else "
+        "gather; gather with deterministic)",
+    )
     prefix_cache: bool = Field(True, description="prefill the shared system-prompt prefix once and reuse its K/V")
     prefill_memo: int = Field(
         16, ge=0,  # generation.PREFILL_MEMO_ENTRIES (not imported: settings load without torch)
@@ -148,4 +156,7 @@ class ARSettings(ModelServiceSettings):
         if self.deterministic and self.decode_lane_rows:
             raise ValueError("decode_lane_rows needs deterministic off: deterministic decoding runs every step, plain "
                              "or of lanes, at the decoder's slots (2 * max_batch_size rows)")
+        if self.deterministic and self.decode_lane_attention not in ("auto", "gather"):
+            raise ValueError("decode_lane_attention triton and triton-slots need deterministic off: deterministic steps "
+                             "of lanes attend as the plain steps do (gather or auto)")
         return self

@@ -336,6 +336,31 @@ def test_the_slot_decoder_decodes_speculative_lanes_to_the_sequential_grid(tiny_
                                  sampling, 1, reserve=False, decoding=Decoding("speculative", 4)))
 
 
+@pytest.mark.parametrize("way", ["gather", "triton-slots"])
+def test_the_service_setting_chooses_how_steps_of_lanes_read_their_slots(tiny_ar, checkpoint, way, few_splits):
+    """ar_service's ``decode_lane_attention`` reaches the fast decoder (its start log's words); a way it does not
+    know, or a direct read under deterministic decoding, is refused when the settings load, naming what it takes."""
+    from pydantic import ValidationError
+
+    from ar_service.model import decode_kernels
+    from ar_service.settings import ARSettings
+
+    if way != "gather" and not decode_kernels.available:
+        pytest.skip("triton is not installed (no wheel for this platform)")
+    assert ARSettings(decode_lane_attention=way).decode_lane_attention == way
+    engine = make_engine(tiny_ar, checkpoint, fast_decode=True, max_batch_size=1, decode_lane_attention=way)
+    try:
+        assert engine.decoder.static.lane_read == {
+            "gather": "slots gathered", "triton-slots": "slots read in place, once for a slot's rows"}[way]
+    finally:
+        engine.close()
+    with pytest.raises(ValidationError, match="'auto', 'gather', 'triton' or 'triton-slots'"):
+        ARSettings(decode_lane_attention="paged")
+    with pytest.raises(ValidationError, match="triton and triton-slots need deterministic off"):
+        ARSettings(decode_lane_attention="triton", deterministic=True)
+    assert ARSettings(decode_lane_attention="gather", deterministic=True).deterministic
+
+
 @pytest.mark.parametrize(("kernels", "lane_attention"),
                          [("torch", "gather"), ("torch", "triton"), ("torch", "triton-slots"), ("triton", "auto")])
 def test_the_slot_decoder_decodes_row_parallel_to_the_eager_grid(tiny_ar, kernels, lane_attention, few_splits):
