@@ -123,9 +123,10 @@ class ARSettings(ModelServiceSettings):
         "auto",
         description="with fast_decode and decode_kernels torch: how a decode step of lanes (speculative, "
         "row_parallel) reads its rows' K/V slots. gather: copies each row's slot out of the cache at every layer; "
-        "triton: reads each row's slot in place; triton-slots: reads each slot once for all of its rows in the step "
-        "(auto: triton on CUDA where the triton package imports and a start-up probe of its attention passes, else "
-        "gather; gather with deterministic)",
+        "triton: reads each row's slot in place; triton-slots: reads each slot once for all of its rows in steps of "
+        "128 rows or more (static_decode.GROUPED_LANE_ROWS), once a row in narrower ones (auto: triton-slots on CUDA "
+        "where the triton package imports and a start-up probe of its attention passes, else gather; gather with "
+        "deterministic)",
     )
     prefix_cache: bool = Field(True, description="prefill the shared system-prompt prefix once and reuse its K/V")
     prefill_memo: int = Field(

@@ -70,6 +70,13 @@ def bucket_for(positions: int) -> int:
 #: ``decode_kernels.attention``: once per row, or once for all of a slot's rows in the step.
 DIRECT_LANE_ATTENTION = ("triton", "triton-slots")
 
+#: The fewest rows a step of lanes has for ``lane_attention`` "triton-slots" to read each slot once for all of its
+#: rows; a narrower step reads once a row. Measured on one H200 at Preview shapes (bench/results/h200/lane-attention/):
+#: one layer's attention took 271 us once a row and 157 us once a slot at 256 rows (16 streams), but 77 and 86 us at
+#: 64 rows and 61 and 72 us at 34 (2 streams), where the once-a-row read's many more programs win; 16 row-parallel
+#: streams' steps (174 rows on average) took 12.4 ms instead of 14.3.
+GROUPED_LANE_ROWS = 128
+
 #: The rows a step of lanes may run with the torch kernels unless set (``lane_rows_for``). A pass reads every weight
 #: once whatever its rows: on an H100 a torch-kernel step took 6.95 ms at 2 rows, 9.28 at 32 and 11.77 at 64
 #: (bench/results/h100/verify_torch.json), while in passes of only their 8 slots, 4 row-parallel streams took about
@@ -250,7 +257,8 @@ class _TorchLayers:
     Row r reads slot r's cache (a view of the first rows). In a step of lanes (``gather``) it reads its own slot's:
     gathered for the step (a copy per layer), or read in place by ``decode_kernels.attention`` over the row's own
     length, so such a step has no length bucket either: with ``lane_attention`` "triton" once per row, with
-    "triton-slots" once for all the step's rows of a slot (``decode_kernels.lane_groups``)."""
+    "triton-slots" once for all the step's rows of a slot (``decode_kernels.lane_groups``) in steps of
+    ``GROUPED_LANE_ROWS`` rows or more."""
 
     bucketed = True
 
@@ -277,7 +285,8 @@ class _TorchLayers:
             # the kernel reads plain [P] vectors, and its split results need scratch of their own
             self.indexes, self.rows = indexes.contiguous(), rows.contiguous()
             self.workspace = self.decoder.attention_workspace(rows.shape[0])
-            self.groups = self.decoder.lane_groups(self.rows) if self.grouped else None
+            wide = rows.shape[0] >= GROUPED_LANE_ROWS
+            self.groups = self.decoder.lane_groups(self.rows) if self.grouped and wide else None
 
     def layer(self, i: int, weights: tuple, x: torch.Tensor) -> torch.Tensor:
         n1, e1, qkv_w, qkv_b, ow, n2, e2, gate_up_w, dw = weights
@@ -393,10 +402,10 @@ class StaticDecoder:
         position Preview cache about 1.3 GB a layer, written and read again), "triton" has ``decode_kernels.attention``
         read each row's slot in place over its own length (one graph per row count, no length buckets);
         "triton-slots" reads each slot once for all of the step's rows of it (up to ``decode_kernels.lanes_per_group``),
-        each over its own length (not yet timed on a GPU, so not the default); "auto" is triton on a CUDA device where
-        the triton package imports and its attention compiles and runs (``decode_kernels.probe_attention``), else
-        gather, and gather with ``full_length``, whose steps of lanes must do the plain steps' arithmetic (so that
-        speculative lanes draw the sequential grid)."""
+        each over its own length, in steps of ``GROUPED_LANE_ROWS`` rows or more, and once a row in narrower ones;
+        "auto" is triton-slots on a CUDA device where the triton package imports and its attention compiles and runs
+        (``decode_kernels.probe_attention``), else gather, and gather with ``full_length``, whose steps of lanes must
+        do the plain steps' arithmetic (so that speculative lanes draw the sequential grid)."""
         config = model.config
         lane_rows = slots if lane_rows is None else lane_rows
         if slots < 1 or max_positions < 2:
@@ -429,7 +438,7 @@ class StaticDecoder:
                     log.warning("steps of lanes gather their slots (the triton attention failed on %s: %s)",
                                 model.device, error)
                     direct = False
-            lane_attention = "triton" if direct else "gather"
+            lane_attention = "triton-slots" if direct else "gather"
         elif lane_attention in DIRECT_LANE_ATTENTION and not (decode_kernels.available and (
                 model.device.type == "cuda" or decode_kernels.interpreting)):
             raise ValueError(f"lane_attention={lane_attention!r} needs the triton package and a CUDA device")
@@ -501,7 +510,7 @@ class StaticDecoder:
         if self.kernels == "triton" or self.lane_attention == "triton":
             return "slots read in place, once a row"
         if self.lane_attention == "triton-slots":
-            return "slots read in place, once for a slot's rows"
+            return f"slots read in place, once for a slot's rows in steps of {GROUPED_LANE_ROWS} rows or more"
         return "slots gathered"
 
     def _free_long(self, row: int) -> list[int]:

@@ -351,7 +351,8 @@ def test_the_service_setting_chooses_how_steps_of_lanes_read_their_slots(tiny_ar
     engine = make_engine(tiny_ar, checkpoint, fast_decode=True, max_batch_size=1, decode_lane_attention=way)
     try:
         assert engine.decoder.static.lane_read == {
-            "gather": "slots gathered", "triton-slots": "slots read in place, once for a slot's rows"}[way]
+            "gather": "slots gathered",
+            "triton-slots": "slots read in place, once for a slot's rows in steps of 128 rows or more"}[way]
     finally:
         engine.close()
     with pytest.raises(ValidationError, match="'auto', 'gather', 'triton' or 'triton-slots'"):
@@ -363,7 +364,8 @@ def test_the_service_setting_chooses_how_steps_of_lanes_read_their_slots(tiny_ar
 
 @pytest.mark.parametrize(("kernels", "lane_attention"),
                          [("torch", "gather"), ("torch", "triton"), ("torch", "triton-slots"), ("triton", "auto")])
-def test_the_slot_decoder_decodes_row_parallel_to_the_eager_grid(tiny_ar, kernels, lane_attention, few_splits):
+def test_the_slot_decoder_decodes_row_parallel_to_the_eager_grid(tiny_ar, kernels, lane_attention, few_splits,
+                                                                 monkeypatch):
     """Row-parallel lanes in the fixed slots (RoPE at the raster position, K/V at the cache index in generation
     order) draw the eager decoder's grid, guided and not, in the same forwards; with fewer rows than a step's lanes
     they run in several passes and still draw it; with few slots but wide steps of lanes (``lane_rows``) in one
@@ -371,12 +373,13 @@ def test_the_slot_decoder_decodes_row_parallel_to_the_eager_grid(tiny_ar, kernel
     lanes gather each row's slot or have the triton attention read it in place, per row or per slot
     (``lane_attention``)."""
     from ar_service.decoding.decoders import SlotDecoder
-    from ar_service.model import decode_kernels
+    from ar_service.model import decode_kernels, static_decode
     from ar_service.model.static_decode import StaticDecoder
 
     interpreted = kernels == "triton" or lane_attention != "gather"
     if interpreted and not decode_kernels.available:
         pytest.skip("triton is not installed (no wheel for this platform)")
+    monkeypatch.setattr(static_decode, "GROUPED_LANE_ROWS", 1)  # every step of lanes grouped: the interpreter's are narrow
     # Triton's kernels run interpreted on the CPU, so they get a smaller grid
     grid = grid_for_size(64, 48, 16) if interpreted else GRID
     sampling = SamplingParams(1.0, 4, 1.0)

@@ -170,11 +170,16 @@ def test_steps_of_lanes_reading_their_slots_in_place_have_no_length_buckets(setu
     reads each row's slot in place over its own length, and with "triton-slots" each slot once for its rows in the
     step: one graph per row count instead of one per row count and length bucket, and the same tokens and states as
     gathering each row's slot (the kernel runs interpreted here).
+    "triton-slots" groups only steps of ``GROUPED_LANE_ROWS`` rows or more (3 here): a narrower step reads once a row,
+    to the bit as "triton" does.
     On the CPU auto gathers; so does ``full_length`` (deterministic decoding), where a step of lanes must attend as
     the plain steps do; an unknown way is refused."""
+    from ar_service.model import static_decode
+
     if not decode_kernels.available:
         pytest.skip("triton is not installed (no wheel for this platform)")
     monkeypatch.setattr(decode_kernels, "ATTENTION_SPLITS", 2)  # the interpreter runs programs one by one
+    monkeypatch.setattr(static_decode, "GROUPED_LANE_ROWS", 3)  # the interpreter's steps are narrow
     tiny_ar, _, _ = setup
     built = {way: StaticDecoder(tiny_ar.model, slots=2, max_positions=700, shared_slots=True, lane_rows=4,
                                 lane_attention=way) for way in ("gather", "triton", "triton-slots")}
@@ -184,7 +189,8 @@ def test_steps_of_lanes_reading_their_slots_in_place_have_no_length_buckets(setu
     with pytest.raises(ValueError, match="full_length steps of lanes attend as every other step does"):
         StaticDecoder(tiny_ar.model, slots=2, max_positions=64, full_length=True, lane_attention="triton")
     assert [built[way].lane_read for way in built] == [
-        "slots gathered", "slots read in place, once a row", "slots read in place, once for a slot's rows"]
+        "slots gathered", "slots read in place, once a row",
+        "slots read in place, once for a slot's rows in steps of 3 rows or more"]
     lanes = {way: [key for key in static.graph_keys(650) if key[2]] for way, static in built.items()}
     for way in ("triton", "triton-slots"):
         assert sorted(rows for _, rows, _ in lanes[way]) == [1, 2, 4]
@@ -195,16 +201,23 @@ def test_steps_of_lanes_reading_their_slots_in_place_have_no_length_buckets(setu
     # Two streams' caches filled by plain steps, then steps of lanes: two rows of slot 0 and one of slot 1
     start = tiny_ar.config.gen_vocab_start_index
     draw = ((start, start + 8), SamplingParams(), 0, 0)
-    results = {}
+    results, narrow, grouped_narrow = {}, {}, {}
     for way, static in built.items():
         for position in range(300):
             static.step([0, 1], [start + position % 7, start + position % 5], [position, position], [draw, draw])
-        results[way] = [static.step_lanes([0, 0, 1], [start + 1, start + 2, start + 3], [300 + n, 301 + n, 300 + n],
+        # a step of two lanes first, under the grouping's width
+        narrow[way] = static.step_lanes([0, 1], [start + 4, start + 5], [300, 300], [draw] * 2)
+        grouped_narrow[way] = getattr(static.layers, "groups", None) is not None
+        results[way] = [static.step_lanes([0, 0, 1], [start + 1, start + 2, start + 3], [301 + n, 302 + n, 301 + n],
                                           [draw] * 3) for n in (0, 2)]
     for way in ("triton", "triton-slots"):
         for (tokens, hidden), (tokens_gathered, hidden_gathered) in zip(results[way], results["gather"], strict=True):
             assert tokens == tokens_gathered
             torch.testing.assert_close(hidden, hidden_gathered, rtol=1e-4, atol=1e-5)
+    # under the grouping's width "triton-slots" read once a row, as "triton" does, to the bit; at it, once a slot
+    assert narrow["triton-slots"][0] == narrow["triton"][0]
+    assert torch.equal(narrow["triton-slots"][1], narrow["triton"][1])
+    assert not grouped_narrow["triton-slots"] and built["triton-slots"].layers.groups is not None
 
 
 def test_steps_of_lanes_are_as_wide_as_lane_rows_and_no_wider(setup):

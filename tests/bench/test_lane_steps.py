@@ -67,3 +67,11 @@ def test_both_in_place_reads_of_the_slots_can_be_named():
         assert lane_steps.parse_args(["--lane-attention", way]).lane_attention == way
     with pytest.raises(SystemExit):
         lane_steps.parse_args(["--lane-attention", "paged"])
+
+
+def test_the_attention_check_asks_for_a_cuda_device_by_name():
+    """bench.lane_attention_check times the two reads on a GPU: on a machine without one it says so and stops."""
+    from bench import lane_attention_check
+
+    with pytest.raises(SystemExit, match="needs a CUDA device and the triton package"):
+        lane_attention_check.main([])
