@@ -343,6 +343,7 @@ def test_the_service_setting_chooses_how_steps_of_lanes_read_their_slots(tiny_ar
     from pydantic import ValidationError
 
     from ar_service.model import decode_kernels
+    from ar_service.model.static_decode import GROUPED_LANE_ROWS
     from ar_service.settings import ARSettings
 
     if way != "gather" and not decode_kernels.available:
@@ -352,7 +353,8 @@ def test_the_service_setting_chooses_how_steps_of_lanes_read_their_slots(tiny_ar
     try:
         assert engine.decoder.static.lane_read == {
             "gather": "slots gathered",
-            "triton-slots": "slots read in place, once for a slot's rows in steps of 128 rows or more"}[way]
+            "triton-slots": f"slots read in place, once for a slot's rows in steps of {GROUPED_LANE_ROWS} rows or more",
+        }[way]
     finally:
         engine.close()
     with pytest.raises(ValidationError, match="'auto', 'gather', 'triton' or 'triton-slots'"):
