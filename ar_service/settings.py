@@ -123,8 +123,8 @@ class ARSettings(ModelServiceSettings):
         "auto",
         description="with fast_decode and decode_kernels torch: how a decode step of lanes (speculative, "
         "row_parallel) reads its rows' K/V slots. gather: copies each row's slot out of the cache at every layer; "
-        "triton: reads each row's slot in place; triton-slots: reads each slot once for all of its rows in steps of "
-        "128 rows or more (static_decode.GROUPED_LANE_ROWS), once a row in narrower ones (auto: triton-slots on CUDA "
+        "triton: reads each row's slot in place; triton-slots: reads each slot once for all of its rows in steps as "
+        "wide as static_decode.GROUPED_LANE_ROWS or wider, once a row in narrower ones (auto: triton-slots on CUDA "
         "where the triton package imports and a start-up probe of its attention passes, else gather; gather with "
         "deterministic)",
     )

@@ -18,6 +18,7 @@ import torch
 
 from ar_service.model import decode_kernels
 from ar_service.model.static_decode import _attend
+from bench.timing import queued_mean_ms
 
 HEADS, KV_HEADS, HEAD_DIM, SLOTS, LENGTH = 28, 4, 128, 32, 2304
 FREE_POSITION = 2100
@@ -25,20 +26,6 @@ FREE_POSITION = 2100
 #: two at 34, one at 18).
 WIDTHS = [(256, 16), (64, 16), (34, 2), (18, 1)]
 TOLERANCE = 2e-2  # bf16 inputs, float32 accumulation
-
-
-def layer_us(fn, repeats: int = 50) -> float:
-    """Mean microseconds of ``fn()`` on the device, after five warm-up calls."""
-    for _ in range(5):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(repeats):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / repeats * 1e3
 
 
 def check_width(rows: int, streams: int, generator: torch.Generator) -> dict:
@@ -66,7 +53,7 @@ def check_width(rows: int, streams: int, generator: torch.Generator) -> dict:
     expected = _attend(q.float(), k[slots].float(), v[slots].float(), positions, scale)
     errors = {name: (fn().float() - expected).abs().max().item() for name, fn in (("per_row", per_row), ("per_slot", per_slot))}
     return {"rows": rows, "streams": streams, "max_error": errors, "ok": max(errors.values()) < TOLERANCE,
-            "layer_us": {"per_row": layer_us(per_row), "per_slot": layer_us(per_slot)}}
+            "layer_us": {"per_row": queued_mean_ms(per_row, 50) * 1e3, "per_slot": queued_mean_ms(per_slot, 50) * 1e3}}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

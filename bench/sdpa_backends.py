@@ -21,24 +21,12 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from bench.report import emit
+from bench.timing import queued_mean_ms
 
 BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION}
 HEADS, KV_HEADS, HEAD_DIM = 21, 7, 120
 SEQUENCES = (4096 + 77 + 32 * 33, 4096, 1024 + 77 + 16 * 33)
-
-
-def timed_ms(fn, reps: int = 30) -> float:
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
 
 
 def measure(length: int, device: torch.device) -> dict:
@@ -61,7 +49,7 @@ def measure(length: int, device: torch.device) -> dict:
             try:
                 with sdpa_kernel([backend]):
                     error = float((call().float() - reference).abs().max())
-                    out[key] = {"ms": round(timed_ms(call), 4), "max_err": error}
+                    out[key] = {"ms": round(queued_mean_ms(call), 4), "max_err": error}
             except RuntimeError as exc:  # "No available kernel": the backend takes no such call
                 out[key] = {"error": str(exc)[:200]}
     return out

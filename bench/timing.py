@@ -30,3 +30,18 @@ def median_ms(fn: Callable[[], T], device: torch.device, repeats: int) -> tuple[
         sync(device)
         times.append((time.perf_counter() - started) * 1e3)
     return statistics.median(times), result
+
+
+def queued_mean_ms(fn: Callable[[], object], repeats: int = 30, warmups: int = 5) -> float:
+    """The mean CUDA time of ``repeats`` calls of ``fn`` queued back to back (CUDA events around them, after
+    ``warmups`` untimed calls): for kernels short enough that a synchronisation per call would be part of the time."""
+    for _ in range(warmups):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / repeats
