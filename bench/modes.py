@@ -60,7 +60,7 @@ from bench import saturation as sat
 from bench.harness import machine_info, request_body
 from bench.inprocess import parse_points
 from bench.markdown import fmt, table, verdict
-from bench.saturation_report import littles_law
+from bench.saturation_report import busy_s_per_image, littles_law
 from bench.services import ServiceStack, make_model_dir
 
 RESULT_NAME = "modes.json"
@@ -402,16 +402,19 @@ def render(report: dict, saturation: list[dict] | None = None) -> str:
     if saturation:
         lines += ["", "## Saturation (bench.saturation, closed loops)", ""]
         lines += table(["run", "size/steps", "clients", "knobs", "images/s", "clients / mean latency", "p50 s", "p95 s",
-                        "AR forwards / image", "window s"],
+                        "AR forwards / image", "AR busy s / image", "DiT busy s / image", "window s"],
                        [[run.get("label") or run.get("precision"), f"{p['size']}/{p['steps']}", p["clients"],
                          _knob_text(p.get("knobs")), p.get("throughput_images_per_s"), littles_law(p),
                          (p.get("latency_s") or {}).get("p50"), (p.get("latency_s") or {}).get("p95"),
-                         (p.get("stages_ms") or {}).get("ar_forwards"), p.get("window_s")]
+                         (p.get("stages_ms") or {}).get("ar_forwards"), busy_s_per_image(p, "ar"),
+                         busy_s_per_image(p, "dit"), p.get("window_s")]
                         for run in saturation for p in run.get("points", [])])
         lines += ["", "images/s counts the requests that ended inside the window; with clients that move in step and a "
                       "window of one or two latencies that count depends on where the window falls. \"clients / mean "
                       "latency\" is Little's law for the closed loop, which has no such step (`bench.saturation_report`). "
-                      "The targets read images/s."]
+                      "The targets read images/s. \"busy s / image\" is an engine's share of the window spent in its "
+                      "steps over images/s: with both services on one card, N images/s needs each under 1/N s, and "
+                      "their sum under 1/N s as far as they do not run at once."]
     return "\n".join(lines) + "\n"
 
 
@@ -484,7 +487,9 @@ def main(argv: list[str] | None = None) -> int:
     saturation = [json.loads(path.read_text()) for path in args.saturation]
     if args.render:
         out = args.out or args.render.parent
-        (out / MARKDOWN_NAME).write_text(render(json.loads(args.render.read_text()), saturation))
+        report = json.loads(args.render.read_text())
+        own = [report["saturation"]] if report.get("saturation") else []
+        (out / MARKDOWN_NAME).write_text(render(report, own + saturation))
         print(f"[modes] wrote {out / MARKDOWN_NAME}")
         return 0
     if args.out is None:

@@ -103,6 +103,15 @@ def littles_law(point: dict) -> float | None:
     return point["clients"] / mean if mean else None
 
 
+def busy_s_per_image(point: dict, engine: str) -> float | None:
+    """Seconds an engine ("ar" or "dit") spent in its steps per image that ended in the window: its busy share over
+    images/s. On one card the two engines' figures add up to the card's time per image where they do not overlap, so
+    a throughput target of N images/s needs each under 1/N."""
+    busy = ((point.get("batching") or {}).get(engine) or {}).get("busy_fraction")
+    images_per_s = point.get("throughput_images_per_s")
+    return busy / images_per_s if busy is not None and images_per_s else None
+
+
 def batching_table(rows: dict) -> list[str]:
     table = []
     for key in _ordered_keys(rows):

@@ -64,6 +64,7 @@ def test_the_page_marks_each_target():
     assert "NVIDIA H100 80GB HBM3" in page
     saturation_row = next(line for line in page.splitlines() if line.startswith("| bf16 | 512/20 | 16 |"))
     assert "| 1.100 | 1.250 |" in saturation_row  # the window's count, then 16 clients over a 12.8 s mean latency
+    assert saturation_row.endswith("| - | - | - | - | - |")  # no forwards, busy shares or window recorded
     verdicts = {row[0]: row[2] for row in modes.targets(modes.summarize(c1), saturation)}
     assert verdicts["1024x1024/50, one request, sequential <= 9.5 s"] == "pass"
     assert verdicts[f"1024x1024/50, one request, {modes.FASTEST} <= 3.0 s"] == "FAIL"
@@ -87,3 +88,22 @@ def test_the_saturation_stage_gives_each_service_its_own_flags():
     ar_settings, dit_settings = load_settings(ARSettings, ar), load_settings(DiTSettings, dit)
     assert ar_settings.capture_lane_graphs and ar_settings.max_batch_size == 8
     assert dit_settings.max_batch_size == 2 and dit_settings.quantization == "fp8"
+
+
+def test_a_rendered_page_keeps_its_own_saturation_stage_and_each_engines_time_per_image(tmp_path):
+    """``--render`` of a modes.json that ran the saturation stage shows that stage's points, and each point says how
+    long each engine was busy per image (busy share over images/s): the figure a throughput target is held to."""
+    import json
+
+    point = {"size": 512, "steps": 20, "clients": 16, "knobs": ROWS, "throughput_images_per_s": 2.0,
+             "latency_s": {"p50": 7.5, "mean": 8.0}, "window_s": 30.0,
+             "batching": {"ar": {"busy_fraction": 0.8}, "dit": {"busy_fraction": 0.5}}}
+    report = {"machine": {"gpu": "NVIDIA H100 80GB HBM3"}, "saturation": {"label": "AR bf16, DiT FP8",
+                                                                          "points": [point]}}
+    (tmp_path / "modes.json").write_text(json.dumps(report))
+    assert modes.main(["--render", str(tmp_path / "modes.json")]) == 0
+    page = (tmp_path / modes.MARKDOWN_NAME).read_text()
+    row = next(line for line in page.splitlines() if line.startswith("| AR bf16, DiT FP8 | 512/20 | 16 |"))
+    assert "| 0.400 | 0.250 | 30.000 |" in row  # AR 0.8 / 2.0 s, DiT 0.5 / 2.0 s an image, then the window
+    target = next(line for line in page.splitlines() if "16 clients, with the speed modes" in line)
+    assert target.endswith("| 2.000 | FAIL |")  # 2.0 images/s against the target of 4
