@@ -418,6 +418,12 @@ def render(report: dict, saturation: list[dict] | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def saturation_runs(report: dict, others: list[dict]) -> list[dict]:
+    """The saturation runs a page shows: the report's own stage, if it ran one, then the bench.saturation results
+    named on the command line."""
+    return ([report["saturation"]] if report.get("saturation") else []) + others
+
+
 def _knob_text(knobs: dict | None) -> str:
     wanted = ("ar_decoding", "ar_decoding_window", "dit_cache_threshold")
     return ", ".join(f"{k} {knobs[k]}" for k in wanted if knobs and k in knobs) or "-"
@@ -488,8 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.render:
         out = args.out or args.render.parent
         report = json.loads(args.render.read_text())
-        own = [report["saturation"]] if report.get("saturation") else []
-        (out / MARKDOWN_NAME).write_text(render(report, own + saturation))
+        (out / MARKDOWN_NAME).write_text(render(report, saturation_runs(report, saturation)))
         print(f"[modes] wrote {out / MARKDOWN_NAME}")
         return 0
     if args.out is None:
@@ -538,8 +543,7 @@ def main(argv: list[str] | None = None) -> int:
     if "saturation" in stages:
         report["saturation"] = run_saturation(args, model_dir)
         path.write_text(json.dumps(report, indent=2) + "\n")
-    runs = ([report["saturation"]] if report.get("saturation") else []) + saturation
-    (args.out / MARKDOWN_NAME).write_text(render(report, runs))
+    (args.out / MARKDOWN_NAME).write_text(render(report, saturation_runs(report, saturation)))
     print(f"[modes] wrote {path} and {args.out / MARKDOWN_NAME}", flush=True)
     return 0
 
