@@ -155,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         result["shape_probes"] = shape_probes(drawer, examples(training_scenes(0), args.probe_train, 1), held_out)
     print(json.dumps(result, indent=1))
     if args.json:
-        args.json.write_text(json.dumps({"command": " ".join(sys.argv), "summary": result, "rows": rows}, indent=1))
+        command = " ".join(["python -m train.condition_swap", *(sys.argv[1:] if argv is None else argv)])
+        args.json.write_text(json.dumps({"command": command, "summary": result, "rows": rows}, indent=1))
     return 0
 
 
