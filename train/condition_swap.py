@@ -28,7 +28,7 @@ from ar_service.sampling import SamplingParams
 from train import architecture
 from train import dev_architecture as arch
 from train.detect import Detection, detect
-from train.dev_stages import Pool, Prompts, dev_conditions, grid
+from train.dev_stages import Pool, Prompts, dev_conditions, finish, grid
 from train.evaluate import held_out_examples
 from train.shapes import SHAPES, Example, examples
 from train.stages import training_scenes
@@ -58,30 +58,27 @@ class Drawer:
 
     @torch.no_grad()
     def draw(self, text: torch.Tensor, image: torch.Tensor, seed: int) -> Detection:
-        entry = self.pipeline.start_entry(text, image, self.empty, self.size, self.size, seed, self.steps,
-                                          self.guidance)
-        while not entry.done:
-            self.pipeline.step([entry])
-        return detect(self.pipeline.decode(entry.latents))
+        return detect(finish(self.pipeline, self.pipeline.start_entry(text, image, self.empty, self.size, self.size,
+                                                                      seed, self.steps, self.guidance)))
 
 
-def partner(examples: list[Example], i: int) -> int:
+def partner(captions: list[Example], i: int) -> int:
     """The next held-out caption (cyclically) whose scene asks for another shape than caption ``i``'s."""
-    n = len(examples)
-    return next(j % n for j in range(i + 1, i + n) if examples[j % n].scene.shape != examples[i].scene.shape)
+    n = len(captions)
+    return next(j % n for j in range(i + 1, i + n) if captions[j % n].scene.shape != captions[i].scene.shape)
 
 
-def swap_rows(drawer: Drawer, examples: list[Example]) -> list[dict]:
+def swap_rows(drawer: Drawer, captions: list[Example]) -> list[dict]:
     """One row per caption: what it asked for, what its image rows' caption asked for, and the three detections."""
-    conditions = [drawer.condition(ex.caption, i) for i, ex in enumerate(examples)]
+    conditions = [drawer.condition(ex.caption, i) for i, ex in enumerate(captions)]
     rows = []
-    for i, ex in enumerate(examples):
-        j = partner(examples, i)
+    for i, ex in enumerate(captions):
+        j = partner(captions, i)
         text, image = conditions[i]
         drawn = {"full": drawer.draw(text, image, i), "image_only": drawer.draw(drawer.empty, image, i),
                  "swapped": drawer.draw(text, conditions[j][1], i)}
         rows.append({"caption": ex.caption, "asked": {a: getattr(ex.scene, a) for a in ATTRIBUTES},
-                     "image_rows_asked": {a: getattr(examples[j].scene, a) for a in ATTRIBUTES},
+                     "image_rows_asked": {a: getattr(captions[j].scene, a) for a in ATTRIBUTES},
                      **{k: {a: getattr(d, a) for a in ATTRIBUTES} for k, d in drawn.items()}})
     return rows
 
@@ -125,11 +122,10 @@ def shape_probes(drawer: Drawer, train: list[Example], held_out: list[Example], 
         mean, std = x.mean(0), x.std(0) + 1e-6
         probe = torch.nn.Linear(x.shape[1], len(SHAPES))
         optimizer = torch.optim.Adam(probe.parameters(), lr=1e-3, weight_decay=1e-4)
-        with torch.enable_grad():
-            for _ in range(steps):
-                optimizer.zero_grad()
-                torch.nn.functional.cross_entropy(probe((x - mean) / std), labels["train"]).backward()
-                optimizer.step()
+        for _ in range(steps):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(probe((x - mean) / std), labels["train"]).backward()
+            optimizer.step()
         with torch.no_grad():
             predicted = probe((test[part] - mean) / std).argmax(1)
         out[part] = {"held_out_right": int((predicted == labels["held_out"]).sum()), "held_out": len(held_out)}

@@ -431,6 +431,13 @@ IMAGE_GUIDANCES = (1.0, 1.5, 2.0, 3.0)
 
 
 @torch.no_grad()
+def finish(pipeline, entry) -> np.ndarray:
+    """The pixels of one started entry, denoised alone step by step as dit_service's batcher steps it."""
+    while not entry.done:
+        pipeline.step([entry])
+    return pipeline.decode(entry.latents)
+
+
 def held_out_edits(ar, pipeline, prompts: Prompts, per_kind: int, steps: int, guidance: float,
                    image_guidances=IMAGE_GUIDANCES, budget_s: float = 60.0, seed: int = 0) -> list[dict]:
     """Held-out edits through the trained modules in-process as the services run them (greedy AR grid with the Dev
@@ -455,9 +462,7 @@ def held_out_edits(ar, pipeline, prompts: Prompts, per_kind: int, steps: int, gu
             references = pipeline.sample_references(posteriors, seed + i)
             entry = pipeline.start_entry(result.text_condition, result.image_condition, empty, size, size, seed + i,
                                          steps, guidance, references=references, image_guidance=ig)
-            while not entry.done:
-                pipeline.step([entry])
-            scores = edit_scores(detect(pipeline.decode(entry.latents)), ed.edit)
+            scores = edit_scores(detect(finish(pipeline, entry)), ed.edit)
             for key, ok in scores.items():
                 total[key] += int(ok)
             total["grid_exact"] += int(result.token_ids[: len(truth)] == truth)

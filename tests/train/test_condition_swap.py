@@ -19,11 +19,11 @@ require_checkpoint(TRAINED, "python -m train.dev_all")
 
 
 def test_swapped_picture_takes_the_image_rows_colour():
-    examples = held_out_examples(3)
-    rows = swap_rows(Drawer(TRAINED, steps=20, guidance=3.0), examples)
+    captions = held_out_examples(3)
+    rows = swap_rows(Drawer(TRAINED, steps=20, guidance=3.0), captions)
     for i, row in enumerate(rows):
-        other = examples[partner(examples, i)].scene
-        assert other.shape != examples[i].scene.shape
+        other = captions[partner(captions, i)].scene
+        assert other.shape != captions[i].scene.shape
         assert row["full"]["colour"] == row["asked"]["colour"]
         assert row["swapped"]["colour"] == other.colour, row
     counts = summary(rows)["swapped_colour"]
