@@ -43,6 +43,14 @@ def shape_weight(text: str) -> float:
     return value
 
 
+def positive_number(text: str) -> float:
+    """A finite number > 0 (a factor such as a learning-rate scale)."""
+    value = number(text)
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number; got {text!r}")
+    return value
+
+
 def positive_count(text: str) -> int:
     """A count of examples: a whole number >= 1."""
     try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import os
 import time
 from pathlib import Path
@@ -35,10 +34,10 @@ def parse_target_weight(text: str) -> tuple[str, float]:
     name, sep, factor = text.partition("=")
     if not sep or name not in WEIGHT_NAMES:
         raise argparse.ArgumentTypeError(f"expected NAME=FACTOR with NAME one of {', '.join(WEIGHT_NAMES)}; got {text!r}")
-    value = cli.number(factor)
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"FACTOR must be a positive finite number; got {factor!r}")
-    return name, value
+    try:
+        return name, cli.positive_number(factor)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"FACTOR must be a positive finite number; got {factor!r}") from None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -58,6 +57,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dit-lr", type=float, default=dev_stages.DIT_PEAK_LR, help="DiT peak learning rate")
     p.add_argument("--edit-share", type=float, default=0.5, help="share of DiT batches that are edits")
     p.add_argument("--dit-shape-weight", type=cli.shape_weight, default=0.0, help=cli.SHAPE_WEIGHT_HELP)
+    p.add_argument("--qformer-lr-scale", type=cli.positive_number, default=1.0,
+                   help="the Q-Former's learning rate as a multiple of --dit-lr (it starts fresh; the rest of the DiT "
+                        "comes from Preview)")
     p.add_argument("--target-weight", action="append", default=[], metavar="NAME=FACTOR", type=parse_target_weight,
                    help="draw DiT examples whose target has this shape or size FACTOR times as often (repeatable), "
                         f"e.g. circle=0.5 or small=2; names: {', '.join(WEIGHT_NAMES)}")
@@ -102,7 +104,8 @@ def run(args: argparse.Namespace) -> dict:
     pipeline = dev_architecture.pipeline_for(dit, vae, device)
     logs.append(dev_stages.train_dit(pipeline, ar, prompts, scale, args.seed, device, args.budget_dit,
                                      edit_share=args.edit_share, lr=args.dit_lr,
-                                     target_weights=dict(args.target_weight), shape_weight=args.dit_shape_weight))
+                                     target_weights=dict(args.target_weight), shape_weight=args.dit_shape_weight,
+                                     qformer_lr_scale=args.qformer_lr_scale))
     save()
     print(f"checkpoint written to {args.out}", flush=True)
     record: dict = {"kind": "dev", "seed": args.seed, "scale": args.scale,

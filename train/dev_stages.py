@@ -333,9 +333,18 @@ def target_weight(scene: Scene, weights: dict[str, float]) -> float:
     return weights.get(scene.shape, 1.0) * weights.get(scene.size, 1.0)
 
 
+def qformer_groups(dit, qformer_lr_scale: float) -> list[dict]:
+    """AdamW's parameter groups for the DiT: its Q-Former at ``qformer_lr_scale`` times the rate, the rest at 1."""
+    qformer = list(dit.time_caption_embed.image_embedder.parameters())
+    ids = {id(p) for p in qformer}
+    rest = [p for p in dit.parameters() if id(p) not in ids]
+    return [{"params": rest, "lr_scale": 1.0}, {"params": qformer, "lr_scale": qformer_lr_scale}]
+
+
 def train_dit(pipeline, ar, prompts: Prompts, scale: DevScale, seed: int, device, budget_s: float,
               edit_share: float = 0.5, uncond_prob: float = 0.1, ref_prob: float = 0.1, lr: float = DIT_PEAK_LR,
-              target_weights: dict[str, float] | None = None, shape_weight: float = 0.0) -> StageLog:
+              target_weights: dict[str, float] | None = None, shape_weight: float = 0.0,
+              qformer_lr_scale: float = 1.0) -> StageLog:
     """Flow matching as ``train.stages.train_dit`` (same loss, times and EMA), on captions and edits. Each batch is of
     one kind and one text length (no padding anywhere) and is one guidance branch as a whole, as the pipeline calls
     them: a caption batch is conditional ([text | Q-Former(image)]) or, ``uncond_prob`` of the time, unconditional
@@ -373,7 +382,7 @@ def train_dit(pipeline, ar, prompts: Prompts, scale: DevScale, seed: int, device
     log = StageLog("dit", data={"captions": len(captions), "edits": int(is_edit.sum()), "images": len(scenes),
                                 "sources": len(sources), "batch": scale.dit_batch, "lr": lr, "edit_share": edit_share,
                                 "uncond_prob": uncond_prob, "ref_prob": ref_prob, "target_weights": target_weights or {},
-                                "shape_weight": shape_weight,
+                                "shape_weight": shape_weight, "qformer_lr_scale": qformer_lr_scale,
                                 "text_rows_max": int(text_lengths.max()), "image_rows": image.shape[1]})
     generator = torch.Generator(device=device).manual_seed(seed)
     # What a step computes (batch kind, text-length bucket, guidance branch) is drawn on the host, so choosing it
@@ -418,8 +427,8 @@ def train_dit(pipeline, ar, prompts: Prompts, scale: DevScale, seed: int, device
         weight = loss_weights[target_of[idx]]
         return (error * weight).mean() / weight.mean()
 
-    run_loop(log, list(dit.parameters()), step_fn, scale.dit_steps, budget_s, lr=lr, warmup=200, ema=ema,
-             report_every=200)
+    run_loop(log, qformer_groups(dit, qformer_lr_scale), step_fn, scale.dit_steps, budget_s, lr=lr, warmup=200,
+             ema=ema, report_every=200)
     ema.copy_to_module()
     dit.eval().requires_grad_(False)
     return log

@@ -71,8 +71,10 @@ class StageLog:
 
 def run_loop(log: StageLog, params, step_fn, max_steps: int, budget_s: float, lr: float, warmup: int = 100,
              report_every: int = 50, ema=None) -> None:
-    """AdamW over ``params``; ``step_fn(step)`` returns the loss tensor of one batch."""
+    """AdamW over ``params``; ``step_fn(step)`` returns the loss tensor of one batch. ``params`` may be AdamW's
+    parameter groups, each with an ``lr_scale`` (1 if absent) that multiplies the schedule's rate for that group."""
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.99))
+    clipped = [p for group in optimizer.param_groups for p in group["params"]]
     start = time.monotonic()
     window: list[float] = []
     step = 0
@@ -85,11 +87,11 @@ def run_loop(log: StageLog, params, step_fn, max_steps: int, budget_s: float, lr
         progress = max(step / max_steps, elapsed / budget_s)
         scale = min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
         for group in optimizer.param_groups:
-            group["lr"] = lr * max(scale, 0.02)
+            group["lr"] = lr * max(scale, 0.02) * group.get("lr_scale", 1.0)
         loss = step_fn(step)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        torch.nn.utils.clip_grad_norm_(clipped, 1.0)
         optimizer.step()
         if ema is not None:
             ema.update()

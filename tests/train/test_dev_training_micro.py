@@ -24,7 +24,7 @@ from train import dev_architecture, dev_stages, report
 from train.dev_all import DEFAULT_WARM_START, parser, run
 from train.edits import split_edits
 from train.shapes import Scene
-from train.stages import grid, scene_grid_ids
+from train.stages import StageLog, grid, run_loop, scene_grid_ids
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,8 @@ def trained(tmp_path_factory):
     out = root / "model"
     record = run(parser().parse_args(["--out", str(out), "--device", "cpu", "--scale", "micro",
                                       "--target-weight", "square=3", "--target-weight", "small=2",
-                                      "--dit-shape-weight", "4", "--dit-captions", "3"]))
+                                      "--dit-shape-weight", "4", "--dit-captions", "3",
+                                      "--qformer-lr-scale", "3"]))
     return out, record
 
 
@@ -50,6 +51,7 @@ def test_micro_training_writes_a_dev_checkpoint_the_services_load(trained, loade
     assert record["stages"][2]["data"]["target_weights"] == {"square": 3.0, "small": 2.0}
     assert record["stages"][2]["data"]["shape_weight"] == 4.0
     assert record["stages"][2]["data"]["captions"] == 3  # --dit-captions over the micro scale's 2
+    assert record["stages"][2]["data"]["qformer_lr_scale"] == 3.0
     log = json.loads((out.parent / report.LOG_NAME).read_text())
     assert log["runs"][-1]["warm_start_report"]["tensors_copied"]["dit"] > 90
 
@@ -103,6 +105,24 @@ def test_a_caption_pool_or_batch_that_is_not_a_positive_count_is_refused(capsys,
         with pytest.raises(SystemExit):
             parser().parse_args(["--out", "x", flag, bad])
         assert f"{flag}: must be a whole number >= 1" in capsys.readouterr().err
+
+
+def test_the_qformer_learns_at_its_own_rate_and_every_dit_tensor_once(capsys) -> None:
+    dit, _ = dev_architecture.new_dit_and_vae("cpu", 0)
+    rest, qformer = dev_stages.qformer_groups(dit, 4.0)
+    assert qformer["lr_scale"] == 4.0 and rest["lr_scale"] == 1.0
+    assert {id(p) for p in qformer["params"]} == {id(p) for p in dit.time_caption_embed.image_embedder.parameters()}
+    assert sorted(id(p) for g in (rest, qformer) for p in g["params"]) == sorted(id(p) for p in dit.parameters())
+    # AdamW's first step moves a parameter by about its rate, whatever its gradient: the scaled one 4 times as far.
+    slow, fast = torch.zeros(1, requires_grad=True), torch.zeros(1, requires_grad=True)
+    run_loop(StageLog("probe"), [{"params": [slow]}, {"params": [fast], "lr_scale": 4.0}],
+             lambda step: (slow - 1) ** 2 + (fast - 1) ** 2, max_steps=1, budget_s=60, lr=1e-3, warmup=1)
+    torch.testing.assert_close(fast.detach(), 4 * slow.detach())
+    assert slow.item() == pytest.approx(1e-3, rel=1e-3)
+    for bad in ("0", "-1", "x", "inf"):
+        with pytest.raises(SystemExit):
+            parser().parse_args(["--out", "x", "--qformer-lr-scale", bad])
+        assert "--qformer-lr-scale: must be a positive finite number" in capsys.readouterr().err
 
 
 def test_warm_start_copies_matching_tensors_and_leaves_the_new_ones_fresh() -> None:
