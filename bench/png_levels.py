@@ -1,4 +1,5 @@
-"""What an answered PNG's zlib level costs: encode time on this host's CPU and file size, per level, per picture.
+"""What an answered PNG's zlib level costs: encode time on this host's CPU and file size, per level, per picture,
+for dit_service's encoder (``dit_service.png``, deflating on several cores) and Pillow's beside it.
 
     python -m bench.png_levels [--size 1024] [--levels 0,1,3,6,9] [--repeats 5] [--out FILE]
 
@@ -12,6 +13,7 @@ zlib cannot shrink it at any level). Pixels are the same at every level: PNG is 
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import platform
 import statistics
@@ -34,11 +36,20 @@ def pictures(size: int, seed: int = 0) -> dict[str, np.ndarray]:
     return {"smooth": smooth, "noise": noise}
 
 
-def measure(pixels: np.ndarray, level: int, repeats: int) -> dict:
+def pillow_png(pixels: np.ndarray, level: int) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG", compress_level=level)
+    return out.getvalue()
+
+
+ENCODERS = {"ardit": lambda pixels, level: encode_image(pixels, "png", png_level=level), "pillow": pillow_png}
+
+
+def measure(pixels: np.ndarray, level: int, repeats: int, encoder: str = "ardit") -> dict:
     times, data = [], b""
     for _ in range(repeats):
         started = time.perf_counter()
-        data = encode_image(pixels, "png", png_level=level)
+        data = ENCODERS[encoder](pixels, level)
         times.append((time.perf_counter() - started) * 1e3)
     return {"encode_ms": round(statistics.median(times), 1), "kib": round(len(data) / 1024)}
 
@@ -53,9 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     levels = [int(level) for level in args.levels.split(",")]
     report: dict = {"host": platform.node(), "cpu": platform.processor() or platform.machine(),
                     "cpu_count": os.cpu_count(), "size": args.size, "default_level": PNG_COMPRESS_LEVEL,
-                    "pictures": {}}
+                    "pictures": {}, "pillow": {}}
     for name, pixels in pictures(args.size).items():
         report["pictures"][name] = {str(level): measure(pixels, level, args.repeats) for level in levels}
+        report["pillow"][name] = {str(level): measure(pixels, level, args.repeats, "pillow") for level in levels}
     emit(report, args.out)
     return 0
 

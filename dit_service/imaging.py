@@ -1,4 +1,5 @@
-"""Pixels -> image file bytes (PNG, JPEG, WebP) with Pillow; deterministic for the same pixels and settings."""
+"""Pixels -> image file bytes (PNG with ``dit_service.png``, JPEG and WebP with Pillow); deterministic for the same
+pixels and settings."""
 
 from __future__ import annotations
 
@@ -7,15 +8,16 @@ import io
 import numpy as np
 from PIL import Image
 
+from dit_service.png import encode_png
 from protos.formats import FORMATS
 
 # Quality when the caller gives no output_compression: 90 keeps JPEG/WebP artefacts hard to see at a fraction of
 # PNG's size (Pillow's own defaults are 75 and 80).
 DEFAULT_QUALITY = 90
-# zlib level of an answered PNG (dit_service's png_compress_level setting), fixed so PNG bytes never depend on
-# Pillow's defaults. The fastest level: on the H100 host a smooth 1024x1024 picture took 176 ms at level 1 and 557 ms
-# at level 6, for a file 17% larger (1,769 KiB against 1,510; bench/results/h100/png/png_levels.json); the encode
-# sits on every image's critical path, the bytes only on the wire.
+# zlib level of an answered PNG (dit_service's png_compress_level setting). The fastest level: with Pillow's encoder on
+# the H100 host a smooth 1024x1024 picture took 176 ms at level 1 and 557 ms at level 6, for a file 17% larger (1,769
+# KiB against 1,510; bench/results/h100/png/png_levels.json); the encode sits on every image's critical path, the
+# bytes only on the wire. dit_service.png deflates on several cores (bench.png_levels compares the two encoders).
 PNG_COMPRESS_LEVEL = 1
 # Partial images are looked at once and replaced: zlib's fastest level whatever the setting (a 1024x1024 preview at
 # level 6 took 277 ms on the H200 host, 7% of the render it previews; bench/results/h200/preview_cost.json).
@@ -50,11 +52,11 @@ def encode_image(pixels: np.ndarray, fmt: str, compression: int | None = None, p
     """Encodes uint8 [H, W, 3] pixels; compression is ignored for PNG (lossless), whose zlib level is png_level."""
     if pixels.dtype != np.uint8 or pixels.ndim != 3 or pixels.shape[2] != 3:
         raise ValueError(f"pixels must be uint8 [H, W, 3]; got {pixels.dtype} {pixels.shape}")
+    if fmt == "png":
+        return encode_png(pixels, png_level)
     image = Image.fromarray(np.ascontiguousarray(pixels))
     out = io.BytesIO()
-    if fmt == "png":
-        image.save(out, format="PNG", compress_level=png_level)
-    elif fmt == "jpeg":
+    if fmt == "jpeg":
         image.save(out, format="JPEG", quality=quality_for(compression), optimize=False)
     elif fmt == "webp":
         image.save(out, format="WEBP", quality=quality_for(compression), method=WEBP_METHOD)
