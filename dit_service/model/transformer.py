@@ -54,10 +54,10 @@ from dit_service.model import qk_rope_kernel
 from dit_service.model.layers import (
     FeedForward,
     RMSNorm,
-    _gated_residual,
-    _modulated_norm,
     ffn_inner_dim,
     fused_on_cuda,
+    gated_residual,
+    modulated_norm,
 )
 from dit_service.model.refiner import ImageConditionRefiner
 from servicekit import fp8_kernels
@@ -129,28 +129,30 @@ class Attention(nn.Module):
             v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
             gqa = False
         lengths = [s] * b if lengths is None else lengths
+        # Outputs come back [B, S, heads, D] (the layout the projection reads, so no copy to reach it): SDPA returns
+        # q's layout, a view of [B, S, heads, D], and a packed call's segments are joined along S in that layout.
         if segments is not None:  # packed samples: each attends over its own segment
             out = torch.cat(
                 [F.scaled_dot_product_attention(
                     q[:, :, a : a + n], k[:, :, a : a + n], v[:, :, a : a + n], enable_gqa=gqa
-                )
-                 for a, n in segments], dim=2,
+                ).transpose(1, 2)
+                 for a, n in segments], dim=1,
             )
         elif (b == 1 or q.is_cuda) and all(n == s for n in lengths):
             # Every row valid: one call for the batch (the CPU keeps one call per sample, see below; CUDA's default
             # mode promises no batch invariance, and the deterministic mode renders each image alone).
-            out = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+            out = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa).transpose(1, 2)
         else:
             # Each sample attends over its own valid rows only (the reference's varlen path), so neither padding
             # nor batch-mates can change a valid row's result, not even by rounding: the call for sample i is the
             # call a batch of one makes.
-            out = q.new_zeros(q.shape)
+            out = q.new_zeros(b, s, self.heads, self.head_dim)
             for i, n in enumerate(lengths):
                 if n > 0:
-                    out[i : i + 1, :, :n] = F.scaled_dot_product_attention(
+                    out[i : i + 1, :n] = F.scaled_dot_product_attention(
                         q[i : i + 1, :, :n], k[i : i + 1, :, :n], v[i : i + 1, :, :n], enable_gqa=gqa
-                    )
-        out = out.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
+                    ).transpose(1, 2)
+        out = out.reshape(b, s, self.heads * self.head_dim)
         return self.to_out[1](self.to_out[0](out))
 
 
@@ -163,13 +165,16 @@ class RMSNormZero(nn.Module):
         self.norm = RMSNorm(dim, eps)
 
     def forward(self, x: torch.Tensor, temb: torch.Tensor, token_sample: torch.Tensor | None = None):
-        """temb [>= B, D]: rows past x's batch are padding and are dropped after the linear. Returns the scaled
-        input and the gates shaped to broadcast over x: [B, 1, D], or per token [1, N, D] for packed samples
-        (``token_sample`` [N]: the sample each token of x [1, N, D] belongs to)."""
+        """temb [>= B, D]: rows past x's batch are padding and are never read. Returns the scaled input and the
+        modulation: gates shaped to broadcast over x, [B, 1, D]; or for packed samples (``token_sample`` [N]: the
+        sample each token of x [1, N, D] belongs to) one row per sample, [>= B, D], which ``modulated_norm`` and
+        ``gated_residual`` read through ``token_sample`` inside their fused kernel (no [N, D] copy per gate)."""
         mod = self.linear(F.silu(temb))
-        mod = mod[: x.shape[0], None] if token_sample is None else mod[token_sample][None]
+        if token_sample is None:
+            mod = mod[: x.shape[0], None]
         scale_msa, gate_msa, scale_mlp, gate_mlp = mod.chunk(4, dim=-1)
-        return _modulated_norm(x, self.norm.weight, self.norm.eps, scale_msa), gate_msa, scale_mlp, gate_mlp
+        h = modulated_norm(x, self.norm.weight, self.norm.eps, scale_msa, token_sample)
+        return h, gate_msa, scale_mlp, gate_mlp
 
 
 class TransformerBlock(nn.Module):
@@ -187,9 +192,10 @@ class TransformerBlock(nn.Module):
         """``token_sample``/``segments``: x [1, N, D] packs several samples (see Attention and RMSNormZero)."""
         if self.modulation:
             h, gate_msa, scale_mlp, gate_mlp = self.norm1(x, temb, token_sample)
-            x = _gated_residual(x, gate_msa, self.attn(h, cos, sin, lengths, segments), self.norm2.weight, self.norm2.eps)
-            out = self.feed_forward(_modulated_norm(x, self.ffn_norm1.weight, self.ffn_norm1.eps, scale_mlp))
-            return _gated_residual(x, gate_mlp, out, self.ffn_norm2.weight, self.ffn_norm2.eps)
+            attended = self.attn(h, cos, sin, lengths, segments)
+            x = gated_residual(x, gate_msa, attended, self.norm2.weight, self.norm2.eps, token_sample)
+            out = self.feed_forward(modulated_norm(x, self.ffn_norm1.weight, self.ffn_norm1.eps, scale_mlp, token_sample))
+            return gated_residual(x, gate_mlp, out, self.ffn_norm2.weight, self.ffn_norm2.eps, token_sample)
         x = x + self.norm2(self.attn(self.norm1(x), cos, sin, lengths, segments))
         return x + self.ffn_norm2(self.feed_forward(self.ffn_norm1(x)))
 
