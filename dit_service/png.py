@@ -88,7 +88,7 @@ def encode_png(pixels: np.ndarray, level: int, pool: ThreadPoolExecutor | None =
         raise ValueError(f"level must be a zlib level 0-9; got {level}")
     height, width = pixels.shape[:2]
     rows = filtered_rows(np.ascontiguousarray(pixels), FILTER_AVERAGE if level else FILTER_NONE)
-    data = memoryview(rows.reshape(-1))
+    data = rows.reshape(-1).data  # a memoryview: segments are sliced without copies
     starts = range(0, len(data), SEGMENT_BYTES)
     jobs = [(s, min(s + SEGMENT_BYTES, len(data)), level, s + SEGMENT_BYTES >= len(data)) for s in starts]
     if len(jobs) == 1:
