@@ -110,7 +110,7 @@ def linear_errors(model: torch.nn.Module, names: list[str], rows: int, dynamic: 
 
 
 class ARBench:
-    def __init__(self, tiny: bool, device: torch.device, dtype: torch.dtype):
+    def __init__(self, tiny: bool, device: torch.device, dtype: torch.dtype, seed: int = 0):
         from ar_service.model.loading import load_ar
         from ar_service.model.tiny import write_ar_only_root
 
@@ -220,7 +220,7 @@ def run_ar(report: dict, tiny: bool, device: torch.device, dtype: torch.dtype) -
 
 
 class DiTBench:
-    def __init__(self, tiny: bool, device: torch.device, dtype: torch.dtype):
+    def __init__(self, tiny: bool, device: torch.device, dtype: torch.dtype, seed: int = 0):
         from dit_service.model.pipeline import DiTPipeline, preview_dit_config
         from dit_service.model.tiny import tiny_gen_parts
 
@@ -229,7 +229,7 @@ class DiTBench:
             config = dict(parts, llm_config={"text_config": {"hidden_size": 64}})
         else:
             config = preview_dit_config()
-        self.pipeline = DiTPipeline.from_config(config, device=device, dtype=dtype, random_weights=True)
+        self.pipeline = DiTPipeline.from_config(config, device=device, dtype=dtype, random_weights=True, seed=seed)
         self.device, self.dtype, self.tiny = device, dtype, tiny
         self.sizes = [64, 128] if tiny else [512, 1024]
         self.image_size = 128 if tiny else 1024
