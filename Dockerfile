@@ -44,7 +44,9 @@ COPY ardit_cli ./ardit_cli
 RUN --mount=type=bind,source=wheelhouse,target=/tmp/wheelhouse \
     if [ -n "$WHEELHOUSE" ]; then set -- --no-index --find-links /tmp/wheelhouse; fi; \
     pip install "$@" . && rm -rf build ardit.egg-info
-# The shapes model (train/README.md): what compose serves unless ARDIT_MODEL names another directory.
+# The shapes models (train/README.md): the Dev one, which draws and edits, is what compose serves unless ARDIT_MODEL
+# names another directory (/app/models/shapes: the Preview-layout one).
+COPY train/checkpoints/shapes-dev ./models/shapes-dev
 COPY train/checkpoints/shapes ./models/shapes
 
 # /images: the gateway's URL image store in compose.yaml (a named volume takes this ownership)

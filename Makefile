@@ -20,9 +20,10 @@ else
 TORCH_SPEC ?= torch==2.13.0+cpu
 TORCH_PIP_ARGS ?= --extra-index-url $(TORCH_CPU_INDEX)
 endif
-# `make up` serves the trained shapes model (train/README.md); the random tiny model, which the tests build, is
-# one `make up MODEL_DIR=models/tiny` away.
-MODEL_DIR ?= train/checkpoints/shapes
+# `make up` serves the trained Dev shapes model, which draws and edits (train/README.md); the Preview-layout shapes
+# model is `make up MODEL_DIR=train/checkpoints/shapes`, and the random tiny model, which the tests build,
+# `make up MODEL_DIR=models/tiny`.
+MODEL_DIR ?= train/checkpoints/shapes-dev
 TINY_DIR := models/tiny
 PYTEST_ARGS ?=
 # The suite runs in this many pytest-xdist workers, one test file per worker at a time (most of its time is spent

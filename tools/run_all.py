@@ -20,8 +20,9 @@ from pathlib import Path
 FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 16.0
 STOP_TIMEOUT_S = 10.0
-#: What `make up` serves: the trained shapes model (Makefile MODEL_DIR), also when this tool runs alone.
-DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "train" / "checkpoints" / "shapes"
+#: What `make up` serves: the trained Dev shapes model, which draws and edits (Makefile MODEL_DIR), also when this
+#: tool runs alone.
+DEFAULT_MODEL_DIR = Path(__file__).resolve().parents[1] / "train" / "checkpoints" / "shapes-dev"
 #: What `make up` lets OpenAI clients call the served model: every image model name OpenAI's API reference and its
 #: SDK list (openai-python 3.63, openai/types/image_model.py: ImageModel), since a client sends one of them when
 #: nobody set a model (Open WebUI and LangChain: dall-e-2; LibreChat's image tool: gpt-image-1; newer clients a
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.run_all", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--model-dir", type=Path, default=DEFAULT_MODEL_DIR,
-        help="pipeline directory (default: train/checkpoints/shapes, the shapes model `make up` serves)",
+        help="pipeline directory (default: train/checkpoints/shapes-dev, the Dev shapes model `make up` serves)",
     )
     parser.add_argument("--gateway-port", type=int, default=8000, help="HTTP port of the gateway (default: 8000)")
     parser.add_argument("--ar-port", type=int, default=50051, help="gRPC port of ar_service (default: 50051)")

@@ -5,7 +5,8 @@ tests/compose/run.sh makes the base image and the wheelhouse first, then runs th
 1. build: ``docker compose build`` of the image from the debootstrapped base and wheelhouse/ (no network; compose
    carries its own BuildKit client), then its size
 2. up: ``docker compose up --wait``: model-init, then dit, ar and the gateway, each gated on the previous one's health
-3. b64_json, url (the URL fetched) and streamed (partial images, then the image) requests with the openai client
+3. b64_json, url (the URL fetched) and streamed (partial images, then the image) requests with the openai client,
+   then an edit of the first answer's picture (``images.edit``, multipart), which the default Dev shapes model makes
 4. a DiT crash: its process is SIGKILLed (what the kernel's OOM killer does) and compose's ``restart: unless-stopped``
    starts it again, while the gateway answers 503 and then 200. Not ``docker kill``: Docker takes that for a manual
    stop and keeps such a container stopped (docker-kill(1): "the restart policy is disabled until the next time the
@@ -49,7 +50,10 @@ FILES = (ROOT / "compose.yaml", ROOT / "tests" / "compose" / "compose.test.yaml"
 IMAGE = "ardit:latest"
 GATEWAY = "http://127.0.0.1:8000"
 ARTIFACTS = ROOT / "artifacts" / "compose-test"
+#: The model compose serves by default: its id is the directory's name (compose.yaml's ARDIT_MODEL default).
+MODEL = "shapes-dev"
 PROMPT = "a small red star at the top, blue background"
+EDIT = "paint the background yellow"
 SIZE = "128x128"
 #: (service, metrics port, the counter of finished work) of each model service; compose.yaml turns the ports on.
 REPLICA_COUNTERS = (("ar", 9451, "ardit_ar_requests_completed_total"), ("dit", 9452, "ardit_dit_renders_completed_total"))
@@ -146,11 +150,24 @@ def service_states() -> str:
     return compose_cmd("ps", "--all", "--format", "{{.Name}}\t{{.State}}\t{{.Status}}", check_rc=False).stdout
 
 
-def b64_json_request() -> None:
-    answer = client().images.generate(model="shapes", prompt=PROMPT, size=SIZE, response_format="b64_json")
+def b64_json_request() -> bytes:
+    answer = client().images.generate(model=MODEL, prompt=PROMPT, size=SIZE, response_format="b64_json")
     check(answer.data and answer.data[0].b64_json, f"b64_json request: no image in the answer: {answer}")
     assert answer.data is not None and answer.data[0].b64_json is not None
-    expect_picture(base64.b64decode(answer.data[0].b64_json), "b64_json request")
+    picture = base64.b64decode(answer.data[0].b64_json)
+    expect_picture(picture, "b64_json request")
+    return picture
+
+
+def edit_request(picture: bytes) -> None:
+    """The drawn picture sent back with an instruction: the answer is the edited picture, at the input's size."""
+    answer = client().images.edit(model=MODEL, image=("scene.png", picture, "image/png"), prompt=EDIT,
+                                  response_format="b64_json")
+    check(answer.data and answer.data[0].b64_json, f"edit request: no image in the answer: {answer}")
+    assert answer.data is not None and answer.data[0].b64_json is not None
+    edited = base64.b64decode(answer.data[0].b64_json)
+    expect_picture(edited, "edit request")
+    check(edited != picture, "edit request: the answer is the input picture unchanged")
 
 
 def url_request() -> None:
@@ -164,7 +181,7 @@ def url_request() -> None:
 
 
 def streamed_request() -> None:
-    events = list(client().images.generate(model="shapes", prompt=PROMPT, size=SIZE, stream=True, partial_images=2))
+    events = list(client().images.generate(model=MODEL, prompt=PROMPT, size=SIZE, stream=True, partial_images=2))
     kinds = [event.type for event in events]
     expected = ["image_generation.partial_image"] * 2 + ["image_generation.completed"]
     check(kinds == expected, f"streamed request: events {kinds}, expected {expected}")
@@ -175,7 +192,7 @@ def streamed_request() -> None:
 def status_of_one_request(timeout: float = 30) -> int:
     """The HTTP status of one b64_json request (0: no answer at all)."""
     try:
-        client(timeout).images.generate(model="shapes", prompt=PROMPT, size=SIZE, extra_body={"num_inference_steps": 4})
+        client(timeout).images.generate(model=MODEL, prompt=PROMPT, size=SIZE, extra_body={"num_inference_steps": 4})
         return 200
     except openai.APIStatusError as error:
         return error.status_code
@@ -295,8 +312,10 @@ def main(argv: list[str] | None = None) -> int:
     earlier = args.timings_file.read_text().splitlines() if args.timings_file and args.timings_file.exists() else []
     timings = Timings(earlier)
     check(port_8000_is_free(), "something already listens on 127.0.0.1:8000 (a `make up` or another compose project?)")
+    drawn: list[bytes] = []
     steps: list[tuple[str, Callable[[], Any]]] = [
-        ("b64_json request", b64_json_request),
+        ("b64_json request", lambda: drawn.append(b64_json_request())),
+        ("edit request (the drawn picture, multipart)", lambda: edit_request(drawn[0])),
         ("url request (and its URL fetched)", url_request),
         ("streamed request (2 partial images)", streamed_request),
         ("DiT killed, restarted by compose: 503 then 200", lambda: crash_dit(timings)),

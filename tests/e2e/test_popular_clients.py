@@ -1,6 +1,6 @@
 """Popular OpenAI image clients, left at their defaults, against the stack `make up` starts.
 
-One ``python -m tools.run_all`` (the shapes model by default, as `make up` serves) serves the whole module on free
+One ``python -m tools.run_all`` (the Dev shapes model by default, as `make up` serves) serves the whole module on free
 loopback ports. The clients send OpenAI's model names (dall-e-2, dall-e-3, gpt-image-1), sizes (512x512, 1024x1024) and
 fields (style, quality, background, ...) unasked: the stack answers them through its model aliases, by enlarging the
 shapes model's 128x128 drawing, and by naming the fields that change nothing here; every answer's pictures are
@@ -24,11 +24,12 @@ import pytest
 from PIL import Image
 
 from tools.local_stack import ROOT, free_port
-from tools.run_all import DEFAULT_ALIASES
+from tools.run_all import DEFAULT_ALIASES, DEFAULT_MODEL_DIR
 
 PROMPT = "a red circle on the left on a white background"
 START_TIMEOUT_S = 180
 API_KEY = "sk-anything"  # the stack is open; clients insist on sending a key
+SERVED = DEFAULT_MODEL_DIR.name  # the served model's id: its directory's name ("shapes-dev")
 
 
 class MakeUpStack:
@@ -105,7 +106,7 @@ def test_open_webui_request_shape(make_up: MakeUpStack) -> None:
                           headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120)
     assert response.status_code == 200, response.text
     answer = response.json()
-    assert answer["size"] == "512x512" and answer["model"] == "shapes"
+    assert answer["size"] == "512x512" and answer["model"] == SERVED
     data = base64.b64decode(answer["data"][0]["b64_json"])
     assert png_size(data) == (512, 512)
     assert red_on_the_left(data)
@@ -162,13 +163,13 @@ def test_unknown_model_is_404_naming_served_model_and_aliases(make_up: MakeUpSta
                           timeout=60)
     assert response.status_code == 404, response.text
     message = response.json()["error"]["message"]
-    assert "shapes" in message and "dall-e-2" in message and "gpt-image-1" in message
+    assert SERVED in message and "dall-e-2" in message and "gpt-image-1" in message
 
 
 def test_models_list_the_aliases_as_such(make_up: MakeUpStack) -> None:
     models = httpx.get(f"{make_up.url}/v1/models", timeout=30).json()["data"]
     assert [(m["id"], m["ardit"]["alias_of"]) for m in models] == [
-        ("shapes", None), *((alias, "shapes") for alias in DEFAULT_ALIASES)
+        (SERVED, None), *((alias, SERVED) for alias in DEFAULT_ALIASES)
     ]
     assert {"gpt-image-1", "gpt-image-1-mini", "gpt-image-1.5", "dall-e-2", "dall-e-3"} <= set(DEFAULT_ALIASES)
     assert models[0]["ardit"]["max_upscale"] == 8
@@ -194,7 +195,7 @@ def test_librechat_image_gen_oai_request(make_up: MakeUpStack) -> None:
         result = raw.parse()
         data = base64.b64decode(result.data[0].b64_json)
         assert png_size(data) == pixels and result.size == "{}x{}".format(*pixels)
-        assert result.model_extra["model"] == "shapes" and result.model_extra["ignored_fields"] == []
+        assert result.model_extra["model"] == SERVED and result.model_extra["ignored_fields"] == []
         assert red_on_the_left(data)
 
 

@@ -113,18 +113,22 @@ def test_response_format_left_out_follows_openai_per_model_name(fields, answer):
     assert request(**fields).answer_format == answer
 
 
-def test_make_up_and_compose_let_the_same_openai_names_stand_for_the_shapes_model():
+def test_make_up_and_compose_let_the_same_openai_names_stand_for_the_same_served_model():
     """tools.run_all's default aliases (make up) and compose.yaml's default ARDIT_MODEL_ALIASES are the same names,
-    OpenAI's image models among them: LibreChat's gpt-image-1 as well as the DALL-E names."""
-    line = next(line for line in (ROOT / "compose.yaml").read_text().splitlines() if "ARDIT_GATEWAY_MODEL_ALIASES:" in line)
+    OpenAI's image models among them (LibreChat's gpt-image-1 as well as the DALL-E names), and stand for the model
+    both serve by default: the model id is the model directory's name."""
+    compose = (ROOT / "compose.yaml").read_text()
+    line = next(line for line in compose.splitlines() if "ARDIT_GATEWAY_MODEL_ALIASES:" in line)
     match = re.search(r"\$\{ARDIT_MODEL_ALIASES-([^}]*)\}", line)
     assert match is not None, line
-    assert GatewaySettings(model_aliases=match.group(1)).model_aliases == {name: "shapes" for name in run_all.DEFAULT_ALIASES}
+    served = run_all.DEFAULT_MODEL_DIR.name
+    assert set(re.findall(r"\$\{ARDIT_MODEL:-/app/models/([^}]*)\}", compose)) == {served}
+    assert GatewaySettings(model_aliases=match.group(1)).model_aliases == {name: served for name in run_all.DEFAULT_ALIASES}
     assert {"dall-e-2", "dall-e-3", "gpt-image-1", "gpt-image-1-mini", "gpt-image-1.5"} <= set(run_all.DEFAULT_ALIASES)
 
 
 def test_run_all_alone_serves_what_make_up_serves():
-    """``python -m tools.run_all`` without --model-dir serves the shapes model, the Makefile's MODEL_DIR default."""
+    """``python -m tools.run_all`` without --model-dir serves the Dev shapes model, the Makefile's MODEL_DIR default."""
     makefile = (ROOT / "Makefile").read_text()
     make_default = re.search(r"^MODEL_DIR \?= (\S+)$", makefile, re.MULTILINE)
     assert make_default is not None
