@@ -23,6 +23,7 @@ import torch
 from bench.fp8_check import DiTBench
 from bench.report import emit
 
+
 def digest(values) -> str:
     """First 16 hex digits of the SHA-256 of the values' bytes (a tensor as float32, an array as it is)."""
     array = values.detach().float().cpu().numpy() if isinstance(values, torch.Tensor) else np.asarray(values)
