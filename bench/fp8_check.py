@@ -110,7 +110,7 @@ def linear_errors(model: torch.nn.Module, names: list[str], rows: int, dynamic: 
 
 
 class ARBench:
-    def __init__(self, tiny: bool, device: torch.device, dtype: torch.dtype, seed: int = 0):
+    def __init__(self, tiny: bool, device: torch.device, dtype: torch.dtype):
         from ar_service.model.loading import load_ar
         from ar_service.model.tiny import write_ar_only_root
 

@@ -129,8 +129,8 @@ class Attention(nn.Module):
             v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
             gqa = False
         lengths = [s] * b if lengths is None else lengths
-        # Outputs come back [B, S, heads, D] (the layout the projection reads, so no copy to reach it): SDPA returns
-        # q's layout, a view of [B, S, heads, D], and a packed call's segments are joined along S in that layout.
+        # Attention outputs are put in [B, S, heads, D], the layout the output projection reads: a packed call's
+        # segments are joined along S in it, so no reordering copy of the joined tensor follows.
         if segments is not None:  # packed samples: each attends over its own segment
             out = torch.cat(
                 [F.scaled_dot_product_attention(
