@@ -58,39 +58,22 @@ _fused_rms_norm = fused_on_cuda(_rms_norm)
 
 
 @fused_on_cuda
-def _modulated_norm(x, weight, eps: float, scale):
-    """RMSNorm(x) * (1 + scale): a modulated block's attention and MLP input."""
+def modulated_norm(x, weight, eps: float, scale, rows: torch.Tensor | None = None):
+    """RMSNorm(x) * (1 + scale): a modulated block's attention and MLP input. ``scale`` broadcasts over x; or, for
+    packed samples (x [1, N, D]), token i takes row ``rows[i]`` of ``scale`` [>= B, D], read inside the fused kernel
+    (no [N, D] copy)."""
+    if rows is not None:
+        scale = scale[rows]
     return _rms_norm(x, weight, eps) * (1 + scale)
 
 
 @fused_on_cuda
-def _gated_residual(x, gate, y, weight, eps: float):
-    """x + tanh(gate) * RMSNorm(y): a modulated block's residual update."""
-    return x + gate.tanh() * _rms_norm(y, weight, eps)
-
-
-@fused_on_cuda
-def _modulated_norm_rows(x, weight, eps: float, scale, rows):
-    """``_modulated_norm`` with token i's scale at row ``rows[i]`` of ``scale`` (packed samples)."""
-    return _rms_norm(x, weight, eps) * (1 + scale[rows])
-
-
-@fused_on_cuda
-def _gated_residual_rows(x, gate, y, weight, eps: float, rows):
-    """``_gated_residual`` with token i's gate at row ``rows[i]`` of ``gate`` (packed samples)."""
-    return x + gate[rows].tanh() * _rms_norm(y, weight, eps)
-
-
-def modulated_norm(x, weight, eps: float, scale, rows: torch.Tensor | None = None):
-    """RMSNorm(x) * (1 + scale): scale broadcast over x, or per token through ``rows`` (x [1, N, D], rows [N])."""
-    return _modulated_norm(x, weight, eps, scale) if rows is None else _modulated_norm_rows(x, weight, eps, scale, rows)
-
-
 def gated_residual(x, gate, y, weight, eps: float, rows: torch.Tensor | None = None):
-    """x + tanh(gate) * RMSNorm(y): gate broadcast over x, or per token through ``rows`` (x [1, N, D], rows [N])."""
-    if rows is None:
-        return _gated_residual(x, gate, y, weight, eps)
-    return _gated_residual_rows(x, gate, y, weight, eps, rows)
+    """x + tanh(gate) * RMSNorm(y): a modulated block's residual update; ``gate`` and ``rows`` as ``modulated_norm``'s
+    scale and rows."""
+    if rows is not None:
+        gate = gate[rows]
+    return x + gate.tanh() * _rms_norm(y, weight, eps)
 
 
 @fused_on_cuda
