@@ -44,7 +44,8 @@ def _segment_pool() -> ThreadPoolExecutor:
         return _pool
 
 
-def _chunk(kind: bytes, data: bytes) -> bytes:
+def chunk(kind: bytes, data: bytes) -> bytes:
+    """One PNG chunk: length, type, data, and the CRC-32 of type and data."""
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(data, zlib.crc32(kind)))
 
 
@@ -98,4 +99,4 @@ def encode_png(pixels: np.ndarray, level: int, pool: ThreadPoolExecutor | None =
         parts = list((pool or _segment_pool()).map(lambda job: _deflate(data, *job), jobs))
     stream = zlib_header(level) + b"".join(parts) + struct.pack(">I", zlib.adler32(data))
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit truecolour, deflate, adaptive filters, no interlace
-    return SIGNATURE + _chunk(b"IHDR", ihdr) + _chunk(b"IDAT", stream) + _chunk(b"IEND", b"")
+    return SIGNATURE + chunk(b"IHDR", ihdr) + chunk(b"IDAT", stream) + chunk(b"IEND", b"")

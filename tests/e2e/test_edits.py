@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import base64
 import io
-import struct
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +15,7 @@ import pytest
 from openai import BadRequestError, OpenAI
 from PIL import Image
 
+from dit_service.png import chunk
 from protos import ar_pb2, ar_pb2_grpc, common_pb2
 from tests.e2e.conftest import Stack, running_stack
 from tests.e2e.test_playground import Page, browser  # noqa: F401  (browser: the fixture)
@@ -48,8 +47,7 @@ def padded_png(total_bytes: int, width: int = 320, height: int = 240) -> bytes:
     Image.frombytes("RGB", (width, height), os.urandom(width * height * 3)).save(buffer, format="PNG", compress_level=0)
     data = buffer.getvalue()
     filler = os.urandom(max(0, total_bytes - len(data) - 12))
-    chunk = struct.pack(">I", len(filler)) + b"arDt" + filler + struct.pack(">I", zlib.crc32(b"arDt" + filler))
-    return data[:33] + chunk + data[33:]  # after the signature and IHDR
+    return data[:33] + chunk(b"arDt", filler) + data[33:]  # after the signature and IHDR
 
 
 def openai(stack: Stack) -> OpenAI:

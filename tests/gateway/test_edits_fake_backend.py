@@ -15,6 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
+from dit_service.png import SIGNATURE, chunk
 from gateway.app import create_app
 from gateway.edits import CHUNK_BYTES, parse_multipart
 from gateway.settings import GatewaySettings
@@ -84,10 +85,8 @@ def png(width=64, height=48, mode="RGB", color=(200, 30, 30), **save) -> bytes:
 
 def raw_png(width: int, height: int, depth: int = 8, color_type: int = 2, data: bytes = b"") -> bytes:
     """A PNG written by hand: any IHDR (0x0, huge, 16-bit), any IDAT."""
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
     ihdr = struct.pack(">IIBBBBB", width, height, depth, color_type, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(data)) + chunk(b"IEND", b"")
+    return SIGNATURE + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(data)) + chunk(b"IEND", b"")
 
 
 def post(client, images, **fields):
