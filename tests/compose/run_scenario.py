@@ -50,8 +50,6 @@ FILES = (ROOT / "compose.yaml", ROOT / "tests" / "compose" / "compose.test.yaml"
 IMAGE = "ardit:latest"
 GATEWAY = "http://127.0.0.1:8000"
 ARTIFACTS = ROOT / "artifacts" / "compose-test"
-#: The model compose serves by default: its id is the directory's name (compose.yaml's ARDIT_MODEL default).
-MODEL = "shapes-dev"
 PROMPT = "a small red star at the top, blue background"
 EDIT = "paint the background yellow"
 SIZE = "128x128"
@@ -68,6 +66,16 @@ class ScenarioFailed(AssertionError):
 def check(condition: object, message: str) -> None:
     if not condition:
         raise ScenarioFailed(message)
+
+
+def default_model() -> str:
+    """The model compose serves by default: its id is the name of compose.yaml's default ARDIT_MODEL directory."""
+    found = set(re.findall(r"\$\{ARDIT_MODEL:-[^}]*/([^/}]+)\}", FILES[0].read_text()))
+    check(len(found) == 1, f"compose.yaml names one default ARDIT_MODEL, not {sorted(found)}")
+    return found.pop()
+
+
+MODEL = default_model()
 
 
 def environment() -> dict[str, str]:
