@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway import edits, errors, playground, schemas, stored_images, streaming, translate
+from gateway import edits, errors, json_body, playground, schemas, stored_images, streaming, translate
 from gateway.auth import APIKeyMiddleware, load_api_keys
 from gateway.errors import APIError
 from gateway.protocol import ImageGenerationRequest, accepted_values
@@ -384,7 +384,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         urls = await stored_images.publish(request, images, parsed.output_format) if parsed.answer_format == "url" else None
         content = translate.to_openai(parsed, images, completed, gateway_ms=0.0, urls=urls)
         content["timings"]["gateway_ms"] = round((time.perf_counter() - started) * 1000 - grpc_ms, 3)
-        return JSONResponse(content, headers=translate.ignored_fields_headers(parsed))
+        return json_body.PicturesJSONResponse(content, headers=translate.ignored_fields_headers(parsed))
 
     @app.get("/v1/models", responses=schemas.MODELS_RESPONSES)
     async def list_models(request: Request) -> JSONResponse:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -36,7 +35,7 @@ import grpc
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from gateway import errors, translate
+from gateway import errors, json_body, translate
 from gateway.errors import APIError
 from gateway.protocol import ImageGenerationRequest
 from protos import ar_pb2
@@ -52,11 +51,11 @@ EDIT_EVENTS = "image_edit"
 
 
 def sse_event(name: str, payload: dict[str, Any]) -> bytes:
-    return f"event: {name}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+    return b"".join((b"event: ", name.encode(), b"\ndata: ", json_body.dumps(payload), b"\n\n"))
 
 
 def sse_comment(name: str, payload: dict[str, Any]) -> bytes:
-    return f": {name} {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+    return b"".join((b": ", name.encode(), b" ", json_body.dumps(payload), b"\n\n"))
 
 
 async def wait_for_disconnect(request: Request) -> None:
