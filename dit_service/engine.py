@@ -53,6 +53,7 @@ from dit_service.planning import (  # noqa: F401  (names callers import from her
 from protos.knobs import KnobTable
 from servicekit import tracing
 from servicekit.checkpoint import ModelIdentity
+from servicekit.devices import DeviceTimer
 from servicekit.image_events import FinishedImage, PreviewImage, Progress
 from servicekit.profiling import BusyProfiler, stage
 
@@ -124,6 +125,15 @@ class _Running:
     denoise_s: float = 0.0
     span: Any = None  # dit.denoise, from joining the batch to the last step (None when tracing is off)
     previews: list[Future] = field(default_factory=list)  # partial images still being encoded
+
+
+@dataclass
+class _IssuedStep:
+    """A denoise step issued to the device: its batch, each image's step count after it, and its device time."""
+
+    batch: list[_Running]
+    steps: list[int]
+    timer: DeviceTimer
 
 
 class EngineMetrics:
@@ -214,6 +224,7 @@ class DiTEngine:
         self._queue: deque[RenderJob] = deque()
         self._reserved = 0  # admitted at their header, condition still arriving
         self._running: list[_Running] = []
+        self._in_flight: _IssuedStep | None = None  # the step issued last, not yet waited for (_step)
         self._closed = False
         self._step_ewma_s = 0.5
         self.counters = dict(admitted=0, rejected=0, cancelled=0, completed=0, largest_batch=0, batched_steps=0,
@@ -356,8 +367,11 @@ class DiTEngine:
                 self._drop_cancelled()
                 if self._running:
                     self._step()
+                else:
+                    self._settle_in_flight()  # every image left (cancelled): the last step still counts
             except BaseException as exc:  # the worker must outlive any one batch
                 log.exception("denoise step failed; failing the running batch")
+                self._in_flight = None
                 for running in list(self._running):
                     self._leave(running, exc)
         # Closed: images already handed to the encoders still go out, then their threads end.
@@ -511,17 +525,53 @@ class DiTEngine:
             self._leave(running, DenoiseCancelled(f"render cancelled after {entry.step} of {entry.steps} steps", entry.step))
 
     def _step(self) -> None:
+        """Issues one denoise step for the running batch, then waits for the step issued before it: the device
+        runs this one while the host waits, does the bookkeeping and issues the next, so it never idles between
+        steps. A step's time (metrics, retry-after, denoise_ms) is read from the device once it is done."""
         batch = list(self._running)
-        started = time.perf_counter()
         with stage(self.profiler, "dit.denoise_step"):
+            timer = DeviceTimer(self.pipeline.device)
             if self.deterministic:  # each image in a call of its own: the same kernels whatever else is running
                 for running in batch:
                     mode = running.job.plan.knobs.get("cfg_execution_mode", "sequential")
                     self.pipeline.step([running.entry], separate=mode == "sequential")
             else:
                 self.pipeline.step([r.entry for r in batch])
-            self.pipeline.synchronize()  # the step's time (metrics, retry-after, denoise_ms) is the device's
-        elapsed = time.perf_counter() - started
+            timer.stop()
+        previous, self._in_flight = self._in_flight, _IssuedStep(batch, [r.entry.step for r in batch], timer)
+        if previous is not None:
+            self._settle(previous)
+        previewed = [r for r in batch if r.entry.step in r.job.plan.preview_steps
+                     and not (r.job.finished or r.job.cancelled.is_set())]
+        finished = [r for r in batch if r.entry.done]  # never a previewed step: previews precede the last step
+        if previewed or finished:
+            # This step's progress goes out before its partial image, and its time counts in a finished image's
+            # denoise_ms: both wait for the step (a few steps an image).
+            self._settle_in_flight()
+        for running in previewed:
+            try:
+                self._preview(running)
+            except Exception as exc:
+                log.exception("render %s: preview failed", running.job.plan.request_id)
+                self._leave(running, exc)
+        for running in finished:
+            try:
+                self._finish(running)
+            except Exception as exc:
+                log.exception("render %s failed", running.job.plan.request_id)
+                self._leave(running, exc)
+        self.metrics.running.set(len(self._running))
+
+    def _settle_in_flight(self) -> None:
+        """Waits for the step still on the device, if any, and accounts for it."""
+        issued, self._in_flight = self._in_flight, None
+        if issued is not None:
+            self._settle(issued)
+
+    def _settle(self, issued: _IssuedStep) -> None:
+        """Accounts for a step the device has run: its time, the batch's metrics, each image's progress."""
+        batch = issued.batch
+        elapsed = issued.timer.seconds()
         self._step_ewma_s = 0.8 * self._step_ewma_s + 0.2 * elapsed
         self.metrics.step_seconds.observe(elapsed)
         self.metrics.batch_size.observe(len(batch))
@@ -529,28 +579,11 @@ class DiTEngine:
             self.counters["largest_batch"] = max(self.counters["largest_batch"], len(batch))
             if len({id(r.job) for r in batch}) > 1:
                 self.counters["batched_steps"] += 1
-        self.metrics.running.set(len(batch))
-        for running in batch:
+        for running, step in zip(batch, issued.steps, strict=True):
             running.denoise_s += elapsed
-            entry = running.entry
-            running.job.events.put(
-                Progress(running.job.plan.index_offset + running.image, "denoise", entry.step, entry.steps)
-            )
-        for running in batch:
             job = running.job
-            if running.entry.step in job.plan.preview_steps and not (job.finished or job.cancelled.is_set()):
-                try:
-                    self._preview(running)
-                except Exception as exc:
-                    log.exception("render %s: preview failed", running.job.plan.request_id)
-                    self._leave(running, exc)
-        for running in [r for r in batch if r.entry.done]:  # never a previewed step: previews precede the last step
-            try:
-                self._finish(running)
-            except Exception as exc:
-                log.exception("render %s failed", running.job.plan.request_id)
-                self._leave(running, exc)
-        self.metrics.running.set(len(self._running))
+            if not (job.finished or job.cancelled.is_set()):
+                job.events.put(Progress(job.plan.index_offset + running.image, "denoise", step, running.entry.steps))
 
     def _preview(self, running: _Running) -> None:
         """Sends the partial image of the step just run (plan.preview_steps): a linear map of the predicted latents,

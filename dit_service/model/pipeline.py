@@ -449,8 +449,8 @@ class DiTPipeline:
         )
 
     def synchronize(self) -> None:
-        """Waits for the work queued on the device, so that a step's measured time is the device's and not only the
-        time it took to issue it (a replayed CUDA graph returns at once)."""
+        """Waits for the work queued on the device, so that a measured time (warm_up's, a benchmark's) is the device's
+        and not only the time it took to issue the work (a replayed CUDA graph returns at once)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
