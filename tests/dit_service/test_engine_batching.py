@@ -4,6 +4,7 @@ beside the step loop."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -273,3 +274,33 @@ def test_a_closed_engine_delivers_what_it_admitted_then_its_threads_end(pipeline
     for thread in started:
         thread.join(30)
     assert not [t.name for t in started if t.is_alive()]
+
+
+def test_every_step_is_reported_and_timed_once(pipeline):
+    """Steps are issued ahead of the host's bookkeeping: each image still reports each of its steps once, in order,
+    every step it ran counts in the metrics, and so does the last step of a render that left mid-way."""
+    engine = make_engine(pipeline, max_batch_size=2)
+    sample = engine.metrics.registry.get_sample_value
+    try:
+        jobs = [submit(engine, seed=1, steps=5), submit(engine, seed=2, steps=3, cond_seed=1)]
+        results = [collect(job) for job in jobs]
+        assert [progress for _, progress, _ in results] == [[1, 2, 3, 4, 5], [1, 2, 3]]
+        assert all(done.timings["denoise_ms"] > 0 for _, _, done in results)
+        assert sample("ardit_dit_batch_size_sum") == 5 + 3  # image-steps, however the two were batched
+        assert sample("ardit_dit_step_seconds_count") == sample("ardit_dit_batch_size_count")
+        doomed = submit(engine, seed=3, steps=200)
+        reported = 0
+        while isinstance(event := doomed.events.get(timeout=60), Progress):
+            reported += 1
+            if reported == 2:
+                doomed.cancel()
+        assert isinstance(event, RenderFailed) and isinstance(event.error, DenoiseCancelled)
+        deadline = time.monotonic() + 60
+        while engine.status()["running"] or engine._in_flight is not None:  # the worker settles the last step
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        ran = sample("ardit_dit_batch_size_sum") - 8
+        assert reported <= ran <= reported + 2  # a step issued before the cancel was seen may not be reported
+        assert sample("ardit_dit_step_seconds_count") == sample("ardit_dit_batch_size_count")
+    finally:
+        engine.close()
