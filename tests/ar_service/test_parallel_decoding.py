@@ -373,7 +373,11 @@ def test_the_slot_decoder_decodes_row_parallel_to_the_eager_grid(tiny_ar, kernel
     they run in several passes and still draw it; with few slots but wide steps of lanes (``lane_rows``) in one
     pass a forward; beside a sequential and a speculative stream (batch-mates) too. The torch kernels' steps of
     lanes gather each row's slot or have the triton attention read it in place, per row or per slot
-    (``lane_attention``)."""
+    (``lane_attention``).
+
+    Triton's interpreter runs every program one by one on the CPU, so its runs are kept small: a smaller grid,
+    smaller batch-mates beside the row-parallel stream, and no decoder with as many slots as rows (its steps of lanes
+    are the wide-lanes decoder's: the same passes, row tile and slot numbers)."""
     from ar_service.decoding.decoders import SlotDecoder
     from ar_service.model import decode_kernels, static_decode
     from ar_service.model.static_decode import StaticDecoder
@@ -382,10 +386,12 @@ def test_the_slot_decoder_decodes_row_parallel_to_the_eager_grid(tiny_ar, kernel
     if interpreted and not decode_kernels.available:
         pytest.skip("triton is not installed (no wheel for this platform)")
     monkeypatch.setattr(static_decode, "GROUPED_LANE_ROWS", 1)  # every step of lanes grouped: the interpreter's are narrow
-    # Triton's kernels run interpreted on the CPU, so they get a smaller grid
-    grid = grid_for_size(64, 48, 16) if interpreted else GRID
+    # Triton's kernels run interpreted on the CPU, so they get a smaller grid: 3 x 4 at window 1, whose guided steps
+    # of lanes still overflow 6 slots (4 x 3 at window 2 never does). The other batch-mates take 2 x 2.
+    grid = grid_for_size(48, 64, 16) if interpreted else GRID
+    mate_grid = grid_for_size(32, 32, 16) if interpreted else grid
     sampling = SamplingParams(1.0, 4, 1.0)
-    decoding = Decoding("row_parallel", 2)
+    decoding = Decoding("row_parallel", 1 if interpreted else 2)
 
     def slot_decoder(slots, lane_rows=None):
         # full_length (every step at the slots' rows) keeps the torch kernels' rounding off the row count; wider
@@ -396,42 +402,46 @@ def test_the_slot_decoder_decodes_row_parallel_to_the_eager_grid(tiny_ar, kernel
                                          lane_rows=lane_rows, lane_attention=lane_attention))
 
     def count_passes(decoder):
+        """The rows of each pass the decoder runs, plain steps and steps of lanes alike."""
         passes = []
-        step_lanes = decoder.static.step_lanes
+        step, step_lanes = decoder.static.step, decoder.static.step_lanes
+        decoder.static.step = lambda *args, **kw: passes.append(len(args[0])) or step(*args, **kw)
         decoder.static.step_lanes = lambda *args: passes.append(len(args[0])) or step_lanes(*args)
         return passes
 
-    wide, narrow, wide_lanes = slot_decoder(16), slot_decoder(6), slot_decoder(6, lane_rows=16)
+    narrow, wide_lanes = slot_decoder(6), slot_decoder(6, lane_rows=16)
+    decoders = (narrow, wide_lanes) if interpreted else (slot_decoder(16), narrow, wide_lanes)
     passes, wide_passes = count_passes(narrow), count_passes(wide_lanes)
     for guidance in (1.0, 3.0):
         eager = grid_of(tiny_ar, sampling, 5, decoding, guidance=guidance, grid=grid)
         sequential = grid_of(tiny_ar, sampling, 5, guidance=guidance, grid=grid)
         # row-parallel conditions on less of the grid: the test can tell it from sequential decoding
         assert not torch.allclose(eager.image_condition, sequential.image_condition, atol=1e-2)
-        for decoder in (wide, narrow, wide_lanes):
+        passes.clear()  # what is left after the loop: the guided decode's passes
+        wide_passes.clear()
+        for decoder in decoders:
             fast = grid_of(tiny_ar, sampling, 5, decoding, guidance=guidance, decoder=decoder, grid=grid)
             assert fast.token_ids == eager.token_ids
             assert torch.allclose(fast.image_condition, eager.image_condition, atol=1e-4)
             assert fast.forwards == eager.forwards < sequential.forwards
             assert decoder.static.free_slots == decoder.static.slots
-    assert max(passes) <= 6 and len(passes) > eager.forwards  # some steps took two passes
+    assert max(passes) <= 6 and len(passes) > eager.forwards  # some forwards of the guided decode took two passes
     assert max(wide_passes) <= 16
     if grid == GRID:  # the larger grid has steps of more lanes than 6 slots hold: these go in fewer passes
         assert max(wide_passes) > 6 and len(wide_passes) < len(passes)
 
-    def stream(decoder, seed, mode):
+    def stream(decoder, seed, mode, grid):
         ids = prompt_ids_for(tiny_ar.tokenizer, "a cat on a mat", grid)
         s = DecodeStream(tiny_ar.model, ids, grid, tiny_ar.t2i, sampling, seed, reserve=False, guidance=3.0,
                          decoding=mode)
         decoder.admit(s)
         return s
 
-    # Batch-mates take most of the interpreter's time: there the two decoders with fewer slots than rows (passes,
-    # wide steps of lanes) carry them; the torch kernels' run carries them on all three.
-    for decoder in (narrow, wide_lanes) if interpreted else (wide, narrow, wide_lanes):
-        mates = [stream(decoder, 7, None), stream(decoder, 5, decoding), stream(decoder, 8, Decoding("speculative", 4))]
+    for decoder in decoders:
+        mates = [stream(decoder, 7, None, mate_grid), stream(decoder, 5, decoding, grid),
+                 stream(decoder, 8, Decoding("speculative", 4), mate_grid)]
         decode_together(decoder, mates)
         assert mates[1].tokens == grid_of(tiny_ar, sampling, 5, decoding, guidance=3.0, grid=grid).token_ids
-        assert mates[0].tokens == grid_of(tiny_ar, sampling, 7, guidance=3.0, grid=grid).token_ids
-        assert mates[2].tokens == grid_of(tiny_ar, sampling, 8, guidance=3.0, grid=grid).token_ids
+        assert mates[0].tokens == grid_of(tiny_ar, sampling, 7, guidance=3.0, grid=mate_grid).token_ids
+        assert mates[2].tokens == grid_of(tiny_ar, sampling, 8, guidance=3.0, grid=mate_grid).token_ids
         assert decoder.static.free_slots == decoder.static.slots
