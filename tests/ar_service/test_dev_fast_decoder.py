@@ -241,8 +241,10 @@ def test_dev_triton_step_matches_the_torch_step(setup, few_splits, slots, fold_n
 def test_dev_lanes_in_the_fixed_slots_draw_the_eager_grids(dev, few_splits, kernels):
     """Speculative lanes draw the sequential grid, row-parallel lanes the eager row-parallel grid in as many forwards
     (guided: a lane's unconditional row beside it, so a step of 6 rows takes two passes of the 4 slots), and
-    batch-mates of every mode draw their grids alone."""
+    batch-mates of every mode draw their grids alone. The speculative and sequential grids are smaller (3 x 2, 2 x 2:
+    the speculative windows still overflow the slots), as Triton's interpreter runs its programs one by one."""
     sampling = SamplingParams(1.0, 4, 1.0)
+    small, smallest = grid_for_size(48, 32, 16), grid_for_size(32, 32, 16)
     static = StaticDecoder(dev.model, slots=4, max_positions=300, kernels=kernels, shared_slots=True,
                            full_length=kernels == "torch")
     decoder = SlotDecoder(static)
@@ -251,8 +253,8 @@ def test_dev_lanes_in_the_fixed_slots_draw_the_eager_grids(dev, few_splits, kern
     static.step = lambda *args, **kw: passes.append(len(args[0])) or step(*args, **kw)
     static.step_lanes = lambda *args: passes.append(len(args[0])) or step_lanes(*args)
 
-    sequential = _grid(dev, sampling, 11, guidance=3.0)
-    speculative = _grid(dev, sampling, 11, guidance=3.0, decoding=Decoding("speculative", 8), decoder=decoder)
+    sequential = _grid(dev, sampling, 11, small, guidance=3.0)
+    speculative = _grid(dev, sampling, 11, small, guidance=3.0, decoding=Decoding("speculative", 8), decoder=decoder)
     assert speculative.token_ids == sequential.token_ids
     torch.testing.assert_close(speculative.image_condition, sequential.image_condition, **CLOSE)
     assert speculative.forwards < sequential.forwards
@@ -269,17 +271,18 @@ def test_dev_lanes_in_the_fixed_slots_draw_the_eager_grids(dev, few_splits, kern
     assert len(passes) > fast.forwards and max(passes) <= 4  # some forwards took two passes
     assert static.free_slots == 4
 
-    def stream(seed, mode, guidance):
-        s = DecodeStream(dev.model, prompt_ids_for(dev.tokenizer, "a lighthouse", GRID), GRID, dev.t2i, sampling, seed,
+    def stream(seed, mode, guidance, grid=GRID):
+        s = DecodeStream(dev.model, prompt_ids_for(dev.tokenizer, "a lighthouse", grid), grid, dev.t2i, sampling, seed,
                          reserve=False, guidance=guidance, decoding=mode)
         decoder.admit(s)
         return s
 
-    mates = [stream(7, None, 1.0), stream(5, row_parallel, 3.0), stream(8, Decoding("speculative", 4), 1.0)]
+    mates = [stream(7, None, 1.0, smallest), stream(5, row_parallel, 3.0),
+             stream(8, Decoding("speculative", 4), 1.0, smallest)]
     decode_together(decoder, mates)
     assert mates[1].tokens == eager.token_ids
-    assert mates[0].tokens == _grid(dev, sampling, 7).token_ids
-    assert mates[2].tokens == _grid(dev, sampling, 8).token_ids
+    assert mates[0].tokens == _grid(dev, sampling, 7, smallest).token_ids
+    assert mates[2].tokens == _grid(dev, sampling, 8, smallest).token_ids
     assert static.free_slots == 4
 
 
