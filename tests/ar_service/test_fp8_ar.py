@@ -71,7 +71,9 @@ def test_the_fixed_slot_decoder_decodes_the_fp8_model_as_its_eager_decoder_does(
     t2i = fp8_ar.t2i
     sampling = SamplingParams(t2i.temperature, t2i.top_k, t2i.top_p)
     prefix = build_prefix_cache(fp8_ar.model, system_prefix_ids(fp8_ar.tokenizer))
-    grid = grid_for_size(32, 32, 16)
+    # Triton's interpreter takes seconds a step here (the dot-free kernel runs a program per two output channels):
+    # its grid is one row of two tokens, its end of line and the look-ahead
+    grid = grid_for_size(32, 32 if kernels == "torch" else 16, 16)
     ids = prompt_ids_for(fp8_ar.tokenizer, "a cat", grid)
     eager = generate_grid(fp8_ar.model, ids, grid, t2i, sampling, 5, prefix=prefix, pad_to=2)
     static = StaticDecoder(fp8_ar.model, 2, 300, kernels=kernels)
