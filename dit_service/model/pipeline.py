@@ -47,7 +47,6 @@ from dit_service.model.sampler import (
     step_entries,
 )
 from dit_service.model.transformer import MammothDiT, quantize_fp8_
-from dit_service.model.vae_norms import use_parallel_group_norms
 from dit_service.model.weights import load_strict, materialize, random_init_
 from servicekit.fp8 import check_quantization
 
@@ -158,8 +157,6 @@ class DiTPipeline:
         self.dtype = dtype
         # CUDA: a CFG pair (or a step batch) runs its joint layers on the valid rows only, packed back to back.
         self.transformer.pack_samples = self.device.type == "cuda"
-        if self.device.type == "cuda":
-            use_parallel_group_norms(self.vae)  # the decode's GroupNorms spread over the GPU (vae_norms.py)
         # What a denoise step calls: the transformer itself, or its CUDA graphs (use_cuda_graphs).
         self.step_model: Callable[..., torch.Tensor] = self.transformer
         self._previewer: LatentPreviewer | None = None  # fitted to the VAE on first use (preview.py)
