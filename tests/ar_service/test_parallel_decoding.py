@@ -389,9 +389,10 @@ def test_the_slot_decoder_decodes_row_parallel_to_the_eager_grid(tiny_ar, kernel
         pytest.skip("triton is not installed (no wheel for this platform)")
     monkeypatch.setattr(static_decode, "GROUPED_LANE_ROWS", 1)  # every step of lanes grouped: the interpreter's are narrow
     # Triton's kernels run interpreted on the CPU, so they get a smaller grid: 3 x 4 at window 1, whose guided steps
-    # of lanes still overflow 6 slots (4 x 3 at window 2 never does). The other batch-mates take 2 x 2.
+    # of lanes still overflow 6 slots (4 x 3 at window 2 never does). The batch-mates take 3 x 2 (row-parallel) and
+    # 2 x 2, whose steps together still overflow them.
     grid = grid_for_size(48, 64, 16) if interpreted else GRID
-    mate_grid = grid_for_size(32, 32, 16) if interpreted else grid
+    small, smaller = (grid_for_size(48, 32, 16), grid_for_size(32, 32, 16)) if interpreted else (grid, grid)
     sampling = SamplingParams(1.0, 4, 1.0)
     decoding = Decoding("row_parallel", 1 if interpreted else 2)
 
@@ -440,10 +441,10 @@ def test_the_slot_decoder_decodes_row_parallel_to_the_eager_grid(tiny_ar, kernel
         return s
 
     for decoder in decoders:
-        mates = [stream(decoder, 7, None, mate_grid), stream(decoder, 5, decoding, grid),
-                 stream(decoder, 8, Decoding("speculative", 4), mate_grid)]
+        mates = [stream(decoder, 7, None, smaller), stream(decoder, 5, decoding, small),
+                 stream(decoder, 8, Decoding("speculative", 4), smaller)]
         decode_together(decoder, mates)
-        assert mates[1].tokens == grid_of(tiny_ar, sampling, 5, decoding, guidance=3.0, grid=grid).token_ids
-        assert mates[0].tokens == grid_of(tiny_ar, sampling, 7, guidance=3.0, grid=mate_grid).token_ids
-        assert mates[2].tokens == grid_of(tiny_ar, sampling, 8, guidance=3.0, grid=mate_grid).token_ids
+        assert mates[1].tokens == grid_of(tiny_ar, sampling, 5, decoding, guidance=3.0, grid=small).token_ids
+        assert mates[0].tokens == grid_of(tiny_ar, sampling, 7, guidance=3.0, grid=smaller).token_ids
+        assert mates[2].tokens == grid_of(tiny_ar, sampling, 8, guidance=3.0, grid=smaller).token_ids
         assert decoder.static.free_slots == decoder.static.slots
