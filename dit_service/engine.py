@@ -32,7 +32,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -525,9 +525,9 @@ class DiTEngine:
             self._leave(running, DenoiseCancelled(f"render cancelled after {entry.step} of {entry.steps} steps", entry.step))
 
     def _step(self) -> None:
-        """Issues one denoise step for the running batch, then waits for the step issued before it: the device
-        runs this one while the host waits, does the bookkeeping and issues the next, so it never idles between
-        steps. A step's time (metrics, retry-after, denoise_ms) is read from the device once it is done."""
+        """Issues one denoise step for the running batch, then waits for the step issued before it, so that the
+        device has this one to run while the host does the bookkeeping and issues the next. A step's time
+        (metrics, retry-after, denoise_ms) is read from the device once it is done."""
         batch = list(self._running)
         with stage(self.profiler, "dit.denoise_step"):
             timer = DeviceTimer(self.pipeline.device)
@@ -548,19 +548,18 @@ class DiTEngine:
             # This step's progress goes out before its partial image, and its time counts in a finished image's
             # denoise_ms: both wait for the step (a few steps an image).
             self._settle_in_flight()
-        for running in previewed:
-            try:
-                self._preview(running)
-            except Exception as exc:
-                log.exception("render %s: preview failed", running.job.plan.request_id)
-                self._leave(running, exc)
-        for running in finished:
-            try:
-                self._finish(running)
-            except Exception as exc:
-                log.exception("render %s failed", running.job.plan.request_id)
-                self._leave(running, exc)
+        self._each(previewed, self._preview, "preview failed")
+        self._each(finished, self._finish, "failed")
         self.metrics.running.set(len(self._running))
+
+    def _each(self, images: list[_Running], action: Callable[[_Running], None], failure: str) -> None:
+        """``action`` for each image; one that raises leaves the batch, its render failed, and the others go on."""
+        for running in images:
+            try:
+                action(running)
+            except Exception as exc:
+                log.exception("render %s: %s", running.job.plan.request_id, failure)
+                self._leave(running, exc)
 
     def _settle_in_flight(self) -> None:
         """Waits for the step still on the device, if any, and accounts for it."""
