@@ -40,7 +40,6 @@ from __future__ import annotations
 import gc
 import logging
 import math
-import time
 from typing import NamedTuple
 
 import torch
@@ -49,6 +48,7 @@ import torch.nn.functional as F
 from ar_service.model import decode_kernels
 from ar_service.model.modeling import KVCache, MammothModa2AR
 from ar_service.sampling import RowSampling, SamplingParams, draw_columns, gumbel_noise, sample_rows
+from servicekit.devices import DeviceTimer
 from servicekit.fp8 import dequantize
 
 log = logging.getLogger(__name__)
@@ -488,7 +488,7 @@ class StaticDecoder:
         # wall time), to set against the wall time of the token loop.
         self.device_timing = False
         self.device_ms = 0.0
-        self._timed: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._timed: list[DeviceTimer] = []
         self._indexes: dict[tuple[int, ...], torch.Tensor] = {}
         pinned = device.type == "cuda"
         self._host_drawn = torch.zeros(lane_rows, dtype=torch.long, pin_memory=pinned)
@@ -610,9 +610,7 @@ class StaticDecoder:
         return [tokens[slot] for slot in slots], hidden
 
     def _add_device_time(self) -> None:
-        for start, end in self._timed:
-            end.synchronize()
-            self.device_ms += start.elapsed_time(end)
+        self.device_ms += sum(timer.seconds() for timer in self._timed) * 1000
         self._timed.clear()
 
     def launch_ahead(
@@ -700,23 +698,16 @@ class StaticDecoder:
         for place, slot, token, position, draw, index in zip(places, slots, ids, positions, draws, indexes, strict=True):
             ints, float_rows[place] = draw_columns(draw, place)
             long_rows[place] = [token, position, *ints, slot, index]
-        timed = self.device_timing and self.device.type == "cuda"
-        if timed:
-            start = torch.cuda.Event(enable_timing=True)
-            start.record()
-        started = time.perf_counter() if self.device_timing and not timed else None
+        timer = DeviceTimer(self.device) if self.device_timing else None
         self._long[:rows].copy_(torch.tensor(long_rows, dtype=torch.long))
         self._float[:rows].copy_(torch.tensor(float_rows, dtype=torch.float32))
         if self.cuda_graphs:
             drawn, hidden = self._replay(bucket, rows, gather)
         else:
             drawn, hidden = self._forward(bucket, rows, gather)
-        if timed:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self._timed.append((start, end))
-        elif started is not None:
-            self.device_ms += (time.perf_counter() - started) * 1000
+        if timer is not None:
+            timer.stop()
+            self._timed.append(timer)
         # Copies, made in stream order before any later step overwrites a graph's output buffers. The row index
         # lives on the device already: an index built from a host list is a pageable upload, which waits for the
         # device to finish everything queued before it.
