@@ -182,10 +182,12 @@ def test_the_dev_layers_reach_the_step_without_biases_with_their_q_k_norms(dev):
 ])
 def test_dev_fast_decode_matches_the_eager_decode(setup, few_splits, kernels, full_length, scope):
     """A guided grid: the eager decoder's tokens and condition states, under ardit's default scope and Dev's released
-    one (the prompt's generation ids, the grid, then the fed ``<|image end|>``)."""
+    one (the prompt's generation ids, the grid, then the fed ``<|image end|>``). Interpreted Triton decodes a 3 x 2
+    grid (its programs run one by one); the torch kernels the 4 x 3 one."""
     dev, sampling, prefix = setup
     image_end = dev.tokenizer.convert_tokens_to_ids(IMAGE_END_TOKEN) if scope == PROMPT_TAIL else None
-    run = dict(prefix=prefix, condition_scope=scope, image_end_id=image_end, guidance=3.0)
+    run = dict(prefix=prefix, condition_scope=scope, image_end_id=image_end, guidance=3.0,
+               grid=grid_for_size(48, 32, 16) if kernels == "triton" else GRID)
     eager = _grid(dev, sampling, 7, **run)
     static = StaticDecoder(dev.model, slots=4, max_positions=300, full_length=full_length, kernels=kernels)
     fast = _grid(dev, sampling, 7, decoder=SlotDecoder(static), **run)
@@ -296,9 +298,12 @@ def test_dev_fp8_weights_decode_as_the_eager_decoder_does(dev_root, monkeypatch)
 
 
 @triton_only
-def test_dev_fp8_triton_step_matches_the_fp8_torch_step(dev_root, few_splits):
+def test_dev_fp8_triton_step_matches_the_fp8_torch_step(dev_root, few_splits, monkeypatch):
     """The triton kernels on FP8 Dev layers (e4m3 weights with their scales, no bias, one image's two rows: the
-    dot-free kernel) against the torch step on the same weights."""
+    dot-free kernel) against the torch step on the same weights. The dot-free kernel takes 16 output columns a
+    program here (Triton's interpreter runs programs one by one); at the served ``GEMV_BLOCKS`` it is checked
+    value by value in tests/ar_service/test_fp8_ar.py."""
+    monkeypatch.setattr(decode_kernels, "GEMV_BLOCKS", (16, *decode_kernels.GEMV_BLOCKS[1:]))
     fp8 = load_ar(dev_root, quantization="fp8")
     torch_step, triton_step = StaticDecoder(fp8.model, 2, 64), StaticDecoder(fp8.model, 2, 64, kernels="triton")
     assert all(scales is not None for scales in triton_step._layer_scales)
