@@ -16,7 +16,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 _workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
 if _workers:  # in an xdist worker; the services a test starts inherit the setting too
-    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # ours
+    # the cores this process may run on (a container or taskset may allow fewer than the host has)
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _cores // int(_workers))))
 
     import torch
